@@ -1,0 +1,50 @@
+"""Pure-JAX core of numpyro-uha. Nothing in this package imports numpyro.
+
+Everything works on a ``logdensity_fn(z) -> scalar`` over a flat vector ``z``.
+"""
+
+from numpyro_uha.core.annealing import (
+    AnnealingInfo,
+    AnnealingParams,
+    annealed_sample,
+    hais_sample,
+    make_params,
+    uha_sample,
+)
+from numpyro_uha.core.gaussian import (
+    bridge_gaussian,
+    gaussian_grad_logpdf,
+    gaussian_logpdf,
+    gaussian_sample,
+)
+from numpyro_uha.core.integrators import IntegratorState, kinetic_log_density, leapfrog
+from numpyro_uha.core.parametrization import (
+    betas_from_logits,
+    interpolate_betas,
+    logits_from_betas,
+    step_sizes_from_beta,
+)
+from numpyro_uha.core.vi import GaussianFit, fit_gaussian, gaussian_elbo
+
+__all__ = [
+    "AnnealingInfo",
+    "AnnealingParams",
+    "GaussianFit",
+    "IntegratorState",
+    "annealed_sample",
+    "betas_from_logits",
+    "bridge_gaussian",
+    "fit_gaussian",
+    "gaussian_elbo",
+    "gaussian_grad_logpdf",
+    "gaussian_logpdf",
+    "gaussian_sample",
+    "hais_sample",
+    "interpolate_betas",
+    "kinetic_log_density",
+    "leapfrog",
+    "logits_from_betas",
+    "make_params",
+    "step_sizes_from_beta",
+    "uha_sample",
+]

@@ -1,0 +1,65 @@
+"""Maps from unconstrained learnable arrays to valid schedules and step sizes.
+
+Gradient-based tuning needs every value to stay valid whatever the optimizer does:
+β strictly increasing in (0, 1) with β_0 = 0 and β_{K+1} = 1, and every step size in
+(0, ε_max).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "betas_from_logits",
+    "logits_from_betas",
+    "step_sizes_from_beta",
+    "interpolate_betas",
+]
+
+
+def betas_from_logits(logits: jax.Array) -> jax.Array:
+    """β_1..β_K from K + 1 unconstrained logits.
+
+    The K + 1 gaps β_{m+1} - β_m are ``softmax(logits)``: positive and summing to one, so
+    the schedule is strictly increasing from β_0 = 0 to β_{K+1} = 1. Zero logits give the
+    linear schedule β_m = m / (K + 1).
+    """
+    return jnp.cumsum(jax.nn.softmax(logits))[:-1]
+
+
+def logits_from_betas(betas: jax.Array) -> jax.Array:
+    """Inverse of :func:`betas_from_logits` (up to the softmax's additive constant)."""
+    betas = jnp.asarray(betas)
+    edges = jnp.concatenate([jnp.zeros(1, betas.dtype), betas, jnp.ones(1, betas.dtype)])
+    gaps = jnp.diff(edges)
+    return jnp.log(gaps) - jnp.mean(jnp.log(gaps))
+
+
+def step_sizes_from_beta(
+    betas: jax.Array, step_size: jax.Array, slope: jax.Array, max_step_size: float
+) -> jax.Array:
+    """ε(β_m) for every transition.
+
+    ``step_size`` is ε(0) in (0, ε_max); ``slope`` is the change of ε(β) per unit β on the
+    logit scale: ε(β) = ε_max · sigmoid(logit(ε(0) / ε_max) + slope · β). This is affine in
+    β where the paper's ε(β) is (Section 5.3), bent only to stay inside (0, ε_max); with
+    ``slope = 0`` every transition uses ``step_size``.
+    """
+    base = jnp.log(step_size) - jnp.log(max_step_size - step_size)
+    return max_step_size * jax.nn.sigmoid(base + slope * betas)
+
+
+def interpolate_betas(betas: jax.Array, num_transitions: int) -> jax.Array:
+    """Appendix D: carry a schedule tuned with K₂ transitions over to K₁ transitions.
+
+    f is the piecewise-linear map with f(k / (K₂ + 1)) = β_k for k = 0..K₂+1; the new
+    schedule is β'_k = f(k / (K₁ + 1)). f is strictly increasing from 0 to 1, so the new
+    schedule is too.
+    """
+    betas = jnp.asarray(betas)
+    old = betas.shape[0]
+    knots_y = jnp.concatenate([jnp.zeros(1, betas.dtype), betas, jnp.ones(1, betas.dtype)])
+    knots_x = jnp.arange(old + 2) / (old + 1)
+    new_x = jnp.arange(1, num_transitions + 1) / (num_transitions + 1)
+    return jnp.interp(new_x, knots_x, knots_y)

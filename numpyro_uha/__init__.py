@@ -1,1 +1,11 @@
+"""numpyro-uha: Uncorrected Hamiltonian Annealing for NumPyro.
 
+The pure-JAX algorithm lives in :mod:`numpyro_uha.core`; :class:`UHAGuide` is the NumPyro
+AutoGuide built on it.
+"""
+
+from numpyro_uha.guide import GROUPS, UHAGuide, WeightedDraws
+
+__version__ = "0.1.0"
+
+__all__ = ["GROUPS", "UHAGuide", "WeightedDraws", "__version__"]

@@ -1,0 +1,638 @@
+"""``UHAGuide``: the NumPyro adapter around the pure-JAX core.
+
+This is the only module that knows about NumPyro traces and sites. It turns a model into
+a flat log density in unconstrained space (Jacobians included) from the arguments of the
+*current* call, registers the learnable parameters, and hands everything to
+:func:`numpyro_uha.core.annealed_sample`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from numpyro import handlers
+from numpyro.distributions import constraints
+from numpyro.infer.autoguide import AutoContinuous
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.infer.util import constrain_fn, potential_energy
+
+from numpyro_uha.core import (
+    AnnealingInfo,
+    AnnealingParams,
+    annealed_sample,
+    betas_from_logits,
+    fit_gaussian,
+    step_sizes_from_beta,
+)
+
+__all__ = ["UHAGuide", "WeightedDraws", "GROUPS"]
+
+#: Learnable parameter groups (paper Section 5.3) and the parameters in each.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "q": ("loc", "scale"),
+    "step_size": ("step_size",),
+    "step_size_slope": ("step_size_slope",),
+    "damping": ("damping",),
+    "momentum": ("momentum_scale",),
+    "schedule": ("beta_logits",),
+    "bridge": ("bridge_loc_slope", "bridge_log_scale_slope"),
+}
+
+
+class WeightedDraws(NamedTuple):
+    """Posterior draws with their UHA importance weights.
+
+    Attributes:
+        samples: dict of constrained site values (latent and deterministic sites), each
+            with leading shape ``sample_shape``.
+        log_weights: log w of every draw, shape ``sample_shape``. exp(log w) is an
+            unbiased estimate of the model's marginal likelihood Z; the mean of log w is
+            the ELBO.
+        latent: the flat unconstrained draws z_{K+1}, shape ``sample_shape + (d,)``.
+        info: per-transition :class:`~numpyro_uha.core.AnnealingInfo` of every draw.
+    """
+
+    samples: dict
+    log_weights: jax.Array
+    latent: jax.Array
+    info: AnnealingInfo
+
+
+def _is_tracer(tree) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
+
+
+def _split_static(tree):
+    """Separate array leaves (traced by jit) from Python scalars/strings (kept static)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    is_array = tuple(isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves)
+    arrays = [x for x, a in zip(leaves, is_array) if a]
+    static = tuple(x for x, a in zip(leaves, is_array) if not a)
+    return arrays, (treedef, is_array, static)
+
+
+def _merge_static(arrays, spec):
+    treedef, is_array, static = spec
+    arrays, static = iter(arrays), iter(static)
+    leaves = [next(arrays) if a else next(static) for a in is_array]
+    return jax.tree.unflatten(treedef, leaves)
+
+
+class UHAGuide(AutoContinuous):
+    r"""Uncorrected Hamiltonian Annealing guide (Geffner & Domke, NeurIPS 2021).
+
+    A draw starts at z₁ ~ q = N(μ, diag(s²)) (or N(μ, LLᵀ)) in the model's unconstrained
+    space and runs ``K`` uncorrected under-damped Hamiltonian transitions through the
+    bridging densities q_ψ(β_m)^(1-β_m) p̄^(β_m). The guide's density is the augmented
+    proposal of the paper, so :class:`~numpyro.infer.Trace_ELBO` optimizes the UHA bound
+    (paper eq. 13), which is at least the ELBO of q and tightens as ``K`` grows.
+
+    ``K`` counts annealing transitions, as :class:`~numpyro.infer.autoguide.AutoDAIS`
+    does: one target gradient each with ``num_leapfrog_steps=1`` (plus one at z₁). It
+    uses K bridging densities, so it is the paper's ":math:`K`" of ``K + 1`` ("number of
+    bridging densities plus one").
+
+    Learnable groups (names accepted by ``frozen``):
+
+    - ``"q"``: μ and s (or L) of the initial Gaussian;
+    - ``"step_size"``: ε(0), kept in (0, ``max_step_size``);
+    - ``"step_size_slope"``: the slope of ε(β) (affine in β on the logit scale);
+    - ``"damping"``: η in (0, 1), momentum persistence;
+    - ``"momentum"``: the diagonal momentum covariance Σ;
+    - ``"schedule"``: the strictly increasing β_1 < ... < β_K in (0, 1);
+    - ``"bridge"``: ψ, the slopes making q_ψ(β)'s mean and scale affine in β.
+
+    A frozen group keeps its initial value and is not registered as a ``numpyro.param``.
+    The paper's basic UHA tunes ``q``, ``step_size`` and ``damping`` only; tuning
+    everything (the default) gave the best bounds in its Section 5.3.
+
+    By default q is first fitted by plain Gaussian VI on the first call's data
+    (``warm_start_steps`` Adam steps), the paper's starting point, and Σ is set to the
+    inverse of q's variances so that ε is in units of the posterior scale.
+
+    Usage::
+
+        guide = UHAGuide(model, K=32)
+        svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+        result = svi.run(rng_key, 5000, *model_args)
+        draws = guide.sample_posterior(rng_key, result.params, *model_args,
+                                       sample_shape=(1000,))
+
+    Args:
+        model: a NumPyro model whose latent sites are all continuous.
+        K: number of annealing transitions (≥ 1).
+        prefix: prefix of the guide's ``numpyro.param`` names.
+        init_loc_fn: per-site initialization strategy for μ (before the warm start).
+        init_scale: initial standard deviation of q (before the warm start).
+        base_dist: ``"diagonal"`` (mean-field q) or ``"cholesky"`` (full-rank q).
+        num_leapfrog_steps: L, leapfrog steps per transition (1 = under-damped Langevin).
+        init_step_size: initial ε, in (0, ``max_step_size``).
+        max_step_size: ε_max; every ε(β_m) stays in (0, ε_max).
+        init_damping: initial η in [0, 1).
+        frozen: names of groups that are not learned (see above).
+        warm_start_steps: plain-VI steps fitting q at initialization (0 disables).
+        warm_start_learning_rate: peak Adam learning rate of the warm start.
+        remat: rematerialize each transition in the backward pass: memory for large K no
+            longer scales with the model's intermediates, at about one extra forward pass.
+        sample_batch_size: draws computed together (vectorized) in
+            :meth:`sample_posterior`; bounds its memory.
+        check_finite: raise as soon as a log weight is NaN or infinite during training,
+            rather than letting NaN reach the parameters.
+        forward_mode_differentiation: passed to NumPyro's model initialization.
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        K: int = 32,
+        prefix: str = "auto",
+        init_loc_fn=init_to_uniform,
+        init_scale: float = 0.1,
+        base_dist: str = "diagonal",
+        num_leapfrog_steps: int = 1,
+        init_step_size: float = 0.1,
+        max_step_size: float = 1.0,
+        init_damping: float = 0.9,
+        frozen=(),
+        warm_start_steps: int = 1000,
+        warm_start_learning_rate: float = 0.01,
+        remat: bool = False,
+        sample_batch_size: int = 1024,
+        check_finite: bool = True,
+        forward_mode_differentiation: bool = False,
+    ):
+        _check_int("K", K, 1)
+        _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
+        _check_int("warm_start_steps", warm_start_steps, 0)
+        _check_int("sample_batch_size", sample_batch_size, 1)
+        if base_dist not in ("diagonal", "cholesky"):
+            raise ValueError(
+                f"base_dist must be 'diagonal' or 'cholesky', got {base_dist!r}."
+            )
+        if not (isinstance(max_step_size, (int, float)) and max_step_size > 0):
+            raise ValueError(f"max_step_size must be a positive number, got {max_step_size!r}.")
+        if not (isinstance(init_step_size, (int, float)) and 0 < init_step_size < max_step_size):
+            raise ValueError(
+                "init_step_size must satisfy 0 < init_step_size < max_step_size "
+                f"(= {max_step_size}), got {init_step_size!r}."
+            )
+        if not (isinstance(init_damping, (int, float)) and 0 <= init_damping < 1):
+            raise ValueError(f"init_damping (η) must be in [0, 1), got {init_damping!r}.")
+        if not (isinstance(init_scale, (int, float)) and init_scale > 0):
+            raise ValueError(f"init_scale must be a positive number, got {init_scale!r}.")
+        if not (warm_start_learning_rate > 0):
+            raise ValueError(
+                f"warm_start_learning_rate must be positive, got {warm_start_learning_rate!r}."
+            )
+        if isinstance(frozen, str):
+            frozen = (frozen,)
+        unknown = sorted(set(frozen) - set(GROUPS))
+        if unknown:
+            raise ValueError(
+                f"Unknown parameter group(s) in frozen: {unknown}. "
+                f"Valid groups are {sorted(GROUPS)}."
+            )
+        self.K = K
+        self.base_dist = base_dist
+        self.num_leapfrog_steps = num_leapfrog_steps
+        self.init_step_size = float(init_step_size)
+        self.max_step_size = float(max_step_size)
+        # η = 0 lies on the boundary of the learnable interval (0, 1); nudge it inside.
+        self.init_damping = float(init_damping) if init_damping > 0 else 1e-4
+        self.frozen = frozenset(frozen)
+        self.warm_start_steps = warm_start_steps
+        self.warm_start_learning_rate = warm_start_learning_rate
+        self.remat = remat
+        self.sample_batch_size = sample_batch_size
+        self.check_finite = check_finite
+        self._init_scale = float(init_scale)
+        self._init_values = None
+        self._setup_args = None
+        self._jitted_draws = {}
+        super().__init__(
+            model,
+            prefix=prefix,
+            init_loc_fn=init_loc_fn,
+            forward_mode_differentiation=forward_mode_differentiation,
+        )
+
+    # ------------------------------------------------------------------ setup
+    def _setup_prototype(self, *args, **kwargs):
+        self._validate_model(args, kwargs)
+        super()._setup_prototype(*args, **kwargs)
+        self._model_param_sites = {
+            name: site for name, site in self.prototype_trace.items() if site["type"] == "param"
+        }
+        if not _is_tracer((args, kwargs)):
+            self._setup_args = (args, kwargs)
+        model_params = {name: site["value"] for name, site in self._model_param_sites.items()}
+        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
+        init_loc = self._init_latent
+        self._check_initial_point(init_loc, logdensity_fn, args, kwargs)
+        if self.base_dist == "cholesky":
+            init_scale = jnp.eye(self.latent_dim) * self._init_scale
+        else:
+            init_scale = jnp.full(self.latent_dim, self._init_scale)
+        loc, scale = init_loc, init_scale
+        if self.warm_start_steps > 0:
+            fit = fit_gaussian(
+                numpyro.prng_key(),
+                logdensity_fn,
+                init_loc,
+                init_scale,
+                num_steps=self.warm_start_steps,
+                learning_rate=self.warm_start_learning_rate,
+            )
+            if _is_tracer(fit) or bool(jnp.all(jnp.isfinite(fit.loc)) & jnp.all(jnp.isfinite(fit.scale))):
+                loc, scale = fit.loc, fit.scale
+            else:
+                warnings.warn(
+                    "UHAGuide: the plain-VI warm start diverged (non-finite values); "
+                    "starting q from init_loc_fn and init_scale instead.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        marginal_std = jnp.sqrt(jnp.sum(scale**2, axis=-1)) if scale.ndim == 2 else scale
+        dtype = init_loc.dtype
+        self._init_values = {
+            "loc": loc,
+            "scale": scale,
+            "step_size": jnp.asarray(self.init_step_size, dtype),
+            "step_size_slope": jnp.asarray(0.0, dtype),
+            "damping": jnp.asarray(self.init_damping, dtype),
+            "momentum_scale": 1.0 / marginal_std,
+            "beta_logits": jnp.zeros(self.K + 1, dtype),
+            "bridge_loc_slope": jnp.zeros(self.latent_dim, dtype),
+            "bridge_log_scale_slope": jnp.zeros(self.latent_dim, dtype),
+        }
+
+    def _validate_model(self, args, kwargs):
+        with handlers.block():
+            model_trace = handlers.trace(handlers.seed(self.model, 0)).get_trace(*args, **kwargs)
+        latent = []
+        for name, site in model_trace.items():
+            if site["type"] == "plate":
+                size, subsample_size = site["args"][0], site["args"][1]
+                if subsample_size is not None and subsample_size < size:
+                    raise ValueError(
+                        f"UHAGuide: plate '{name}' subsamples {subsample_size} of {size} "
+                        "elements. UHA's Hamiltonian dynamics need the full-data log density "
+                        "(a subsampled one gives neither a valid bound nor valid dynamics); "
+                        "remove `subsample_size` from this plate."
+                    )
+            if site["type"] == "sample" and not site["is_observed"]:
+                if site["fn"].support.is_discrete:
+                    raise ValueError(
+                        f"UHAGuide: latent site '{name}' has a discrete distribution "
+                        f"({type(site['fn']).__name__}); UHA needs every latent site to be "
+                        "continuous. Marginalize it out of the model (sum over its values, "
+                        "or use numpyro's enumeration with infer={'enumerate': 'parallel'} "
+                        "and a guide for the continuous part), or condition on it."
+                    )
+                latent.append(name)
+        if not latent:
+            raise ValueError(
+                "UHAGuide: the model has no latent sample site (every sample site is "
+                "observed), so there is no posterior to approximate."
+            )
+
+    def _check_initial_point(self, init_loc, logdensity_fn, args, kwargs):
+        value = logdensity_fn(init_loc)
+        if _is_tracer(value) or bool(jnp.isfinite(value)):
+            return
+        unpacked = self._unpack_latent(init_loc)
+        with handlers.block():
+            model = handlers.substitute(
+                handlers.seed(self.model, 0),
+                data=constrain_fn(handlers.seed(self.model, 0), args, kwargs, unpacked),
+            )
+            model_trace = handlers.trace(model).get_trace(*args, **kwargs)
+        bad = [
+            name
+            for name, site in model_trace.items()
+            if site["type"] == "sample"
+            and not bool(jnp.all(jnp.isfinite(site["fn"].log_prob(site["value"]))))
+        ]
+        raise ValueError(
+            f"UHAGuide: the model's log density is {float(value)} at the initial point; "
+            f"sites with a non-finite log probability there: {bad or 'none (check factors)'}. "
+            "Choose another init_loc_fn (e.g. init_to_median) or fix the model."
+        )
+
+    # ----------------------------------------------------------- log density
+    def _make_logdensity(self, args, kwargs, model_params):
+        model = handlers.substitute(self.model, data=model_params) if model_params else self.model
+        self._check_same_latents(model, args, kwargs)
+
+        def logdensity_fn(z):
+            with handlers.block():
+                return -potential_energy(model, args, kwargs, self._unpack_latent(z))
+
+        return logdensity_fn
+
+    def _check_same_latents(self, model, args, kwargs):
+        with handlers.block():
+            model_trace = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
+        extra = [
+            name
+            for name, site in model_trace.items()
+            if site["type"] == "sample" and not site["is_observed"] and name not in self._init_locs
+        ]
+        if extra:
+            raise ValueError(
+                f"UHAGuide: site(s) {extra} are unobserved in this call but were observed "
+                "when the guide was set up. UHA's dynamics target the posterior, so the guide "
+                "needs the observed data: call Predictive/sample_posterior with the same data "
+                "arguments used in training (e.g. Predictive(model, guide=guide, "
+                "params=params, num_samples=n)(key, X, y)). To predict at new inputs, draw "
+                "posterior samples with guide.sample_posterior(key, params, X, y, ...) and "
+                "pass them to Predictive(model, posterior_samples=...)."
+            )
+
+    def get_logdensity_fn(self, params, *args, **kwargs):
+        """z ↦ log p̄(z): the model's log joint in unconstrained space, Jacobians included.
+
+        Built from the arguments given here, with the model's own ``numpyro.param``
+        values taken from ``params``; ``z`` is a flat vector of size ``latent_dim``.
+        """
+        self._require_setup()
+        model_params = {name: params[name] for name in self._model_param_sites if name in params}
+        return self._make_logdensity(args, kwargs, model_params)
+
+    # ------------------------------------------------------------ parameters
+    def _param_specs(self):
+        scale_constraint = (
+            constraints.scaled_unit_lower_cholesky
+            if self.base_dist == "cholesky"
+            else constraints.softplus_positive
+        )
+        return {
+            "loc": constraints.real,
+            "scale": scale_constraint,
+            "step_size": constraints.interval(0.0, self.max_step_size),
+            "step_size_slope": constraints.real,
+            "damping": constraints.interval(0.0, 1.0),
+            "momentum_scale": constraints.softplus_positive,
+            "beta_logits": constraints.real,
+            "bridge_loc_slope": constraints.real,
+            "bridge_log_scale_slope": constraints.real,
+        }
+
+    def _param_name(self, short):
+        if short == "scale" and self.base_dist == "cholesky":
+            return f"{self.prefix}_scale_tril"
+        return f"{self.prefix}_{short}"
+
+    def _learnable(self, short):
+        return not any(short in GROUPS[g] for g in self.frozen)
+
+    def _assemble(self, values) -> AnnealingParams:
+        betas = betas_from_logits(values["beta_logits"])
+        step_sizes = step_sizes_from_beta(
+            betas, values["step_size"], values["step_size_slope"], self.max_step_size
+        )
+        return AnnealingParams(
+            loc=values["loc"],
+            scale=values["scale"],
+            betas=betas,
+            step_sizes=step_sizes,
+            damping=values["damping"],
+            momentum_scale=values["momentum_scale"],
+            bridge_loc_slope=values["bridge_loc_slope"],
+            bridge_log_scale_slope=values["bridge_log_scale_slope"],
+        )
+
+    def _register_params(self) -> AnnealingParams:
+        specs = self._param_specs()
+        values = {}
+        for short, constraint in specs.items():
+            if self._learnable(short):
+                values[short] = numpyro.param(
+                    self._param_name(short), self._init_values[short], constraint=constraint
+                )
+            else:
+                values[short] = self._init_values[short]
+        return self._assemble(values)
+
+    def get_annealing_params(self, params) -> AnnealingParams:
+        """The core's :class:`~numpyro_uha.core.AnnealingParams` for trained ``params``.
+
+        ``params`` is the dict from ``svi.get_params(state)`` (or ``result.params``);
+        frozen groups take their initial values.
+        """
+        self._require_setup()
+        specs = self._param_specs()
+        values = {}
+        for short in specs:
+            name = self._param_name(short)
+            if self._learnable(short):
+                if name not in params:
+                    raise KeyError(
+                        f"UHAGuide: params has no '{name}'. Pass the params returned by "
+                        "svi.get_params(...) or svi.run(...).params for this guide."
+                    )
+                values[short] = jnp.asarray(params[name])
+            else:
+                values[short] = self._init_values[short]
+        return self._assemble(values)
+
+    # --------------------------------------------------------------- guide
+    def _get_posterior(self):
+        raise NotImplementedError(
+            "UHAGuide's posterior has no closed form; use sample_posterior() or "
+            "sample_posterior_with_log_weights()."
+        )
+
+    def _sample_latent(self, *args, **kwargs):
+        kwargs.pop("sample_shape", None)
+        annealing = self._register_params()
+        model_params = {
+            name: numpyro.param(
+                name, site["value"], constraint=site["kwargs"].get("constraint", constraints.real),
+                event_dim=site["kwargs"].get("event_dim"),
+            )
+            for name, site in self._model_param_sites.items()
+        }
+        rng_key = numpyro.prng_key()
+        if rng_key is None:
+            raise RuntimeError(
+                "UHAGuide needs a random key: run it under numpyro.handlers.seed (SVI, "
+                "Predictive and sample_posterior do this for you)."
+            )
+        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
+        z, log_weight, info = annealed_sample(
+            rng_key,
+            logdensity_fn,
+            annealing,
+            num_leapfrog_steps=self.num_leapfrog_steps,
+            remat=self.remat,
+        )
+        if self.check_finite:
+            # The host callback runs only when the weight is bad (under vmap both branches
+            # run and the callback itself checks), so a healthy run pays almost nothing.
+            jax.lax.cond(
+                jnp.isfinite(log_weight),
+                lambda *_: None,
+                lambda *a: jax.debug.callback(_raise_if_nonfinite, *a),
+                log_weight,
+                annealing.step_sizes[0],
+            )
+        # Trace_ELBO adds log p(x, z_{K+1}) and the Jacobians from the model's trace; this
+        # factor supplies the rest of the augmented proposal's density, so that the ELBO
+        # Trace_ELBO estimates is exactly the UHA log weight.
+        numpyro.factor(
+            f"_{self.prefix}_uha_factor", info.log_q_initial - jnp.sum(info.momentum_log_ratio)
+        )
+        return z
+
+    # ------------------------------------------------------------- sampling
+    def _require_setup(self):
+        if self.prototype_trace is None:
+            raise RuntimeError(
+                "UHAGuide has not been initialized: run svi.init(...)/svi.run(...) or call "
+                "the guide once with the model's arguments first."
+            )
+
+    def _draw_impl(self, rng_key, params, arrays, num_draws, spec, corrected):
+        args, kwargs = _merge_static(arrays, spec)
+        annealing = self.get_annealing_params(params)
+        logdensity_fn = self.get_logdensity_fn(params, *args, **kwargs)
+        model_params = {name: params[name] for name in self._model_param_sites if name in params}
+        model = handlers.substitute(self.model, data=model_params) if model_params else self.model
+
+        def one(key):
+            z, log_weight, info = annealed_sample(
+                key, logdensity_fn, annealing,
+                num_leapfrog_steps=self.num_leapfrog_steps, corrected=corrected,
+            )
+            with handlers.block():
+                samples = constrain_fn(
+                    handlers.seed(model, 0), args, kwargs, self._unpack_latent(z),
+                    return_deterministic=True,
+                )
+            return samples, log_weight, z, info
+
+        keys = jax.random.split(rng_key, num_draws)
+        return jax.lax.map(one, keys, batch_size=min(self.sample_batch_size, num_draws))
+
+    def _draws(self, rng_key, params, args, kwargs, sample_shape, corrected=False):
+        self._require_setup()
+        _check_params_finite(params)
+        sample_shape = tuple(sample_shape)
+        num_draws = int(math.prod(sample_shape))
+        arrays, spec = _split_static((args, kwargs))
+        key = (spec, corrected)
+        if key not in self._jitted_draws:
+            self._jitted_draws[key] = jax.jit(
+                self._draw_impl, static_argnames=("num_draws", "spec", "corrected")
+            )
+        samples, log_weights, latent, info = self._jitted_draws[key](
+            rng_key, params, arrays, num_draws=num_draws, spec=spec, corrected=corrected
+        )
+        if not _is_tracer(log_weights):
+            bad = int(jnp.sum(~jnp.isfinite(log_weights)))
+            if bad:
+                raise FloatingPointError(
+                    f"UHAGuide: {bad} of {num_draws} draws have a non-finite log weight "
+                    "(the Hamiltonian dynamics diverged). Train with a smaller "
+                    "max_step_size or learning rate."
+                )
+        return jax.tree.map(
+            lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]),
+            WeightedDraws(samples, log_weights, latent, info),
+        )
+
+    def sample_posterior(self, rng_key, params, *args, sample_shape=(), **kwargs):
+        """Draw from the UHA approximation (the law of z_{K+1}).
+
+        Draws are computed vectorized, ``sample_batch_size`` at a time, so large
+        ``sample_shape`` fit in memory. Returns a dict of constrained latent and
+        deterministic site values with leading shape ``sample_shape``.
+        """
+        return self._draws(rng_key, params, args, kwargs, sample_shape).samples
+
+    def sample_posterior_with_log_weights(
+        self, rng_key, params, *args, sample_shape=(), **kwargs
+    ) -> WeightedDraws:
+        """Draws together with their UHA log importance weights (see :class:`WeightedDraws`).
+
+        The weights make self-normalized importance sampling, log Z estimates and PSIS
+        diagnostics possible.
+        """
+        return self._draws(rng_key, params, args, kwargs, sample_shape)
+
+    def _default_args(self, args, kwargs):
+        if args or kwargs:
+            return args, kwargs
+        if self._setup_args is None:
+            raise ValueError(
+                "UHAGuide: pass the model's arguments (the guide was first called with "
+                "traced arguments, so they were not recorded)."
+            )
+        return self._setup_args
+
+    def median(self, params, *args, num_samples=1000, rng_key=None, **kwargs):
+        """Monte Carlo posterior median of every latent site from ``num_samples`` draws.
+
+        UHA's marginals have no closed form, so this is the sample median of draws from
+        :meth:`sample_posterior` (seeded with ``rng_key``, default ``PRNGKey(0)``). With no
+        model arguments given, the arguments of the guide's first call are used.
+        """
+        return {
+            name: jnp.median(value, axis=0)
+            for name, value in self._mc_draws(params, args, kwargs, num_samples, rng_key).items()
+        }
+
+    def quantiles(self, params, quantiles, *args, num_samples=1000, rng_key=None, **kwargs):
+        """Monte Carlo posterior quantiles of every latent site from ``num_samples`` draws.
+
+        Returns, per site, an array with a leading dimension of ``len(quantiles)``. See
+        :meth:`median` for how the draws and arguments are chosen.
+        """
+        q = jnp.asarray(quantiles)
+        return {
+            name: jnp.quantile(value, q, axis=0)
+            for name, value in self._mc_draws(params, args, kwargs, num_samples, rng_key).items()
+        }
+
+    def _mc_draws(self, params, args, kwargs, num_samples, rng_key):
+        args, kwargs = self._default_args(args, kwargs)
+        rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+        samples = self.sample_posterior(rng_key, params, *args, sample_shape=(num_samples,), **kwargs)
+        return {name: value for name, value in samples.items() if name in self._init_locs}
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+
+
+def _check_params_finite(params):
+    if _is_tracer(params):
+        return
+    bad = sorted(
+        name for name, value in params.items() if not bool(jnp.all(jnp.isfinite(jnp.asarray(value))))
+    )
+    if bad:
+        raise FloatingPointError(
+            f"UHAGuide: parameter(s) {bad} contain NaN or inf; the training run diverged. "
+            "Retrain with a smaller learning rate or max_step_size."
+        )
+
+
+def _raise_if_nonfinite(log_weight, step_size):
+    log_weight = np.asarray(log_weight)
+    if not np.all(np.isfinite(log_weight)):
+        raise FloatingPointError(
+            f"UHAGuide: non-finite UHA log weight during training (ε(β_1) = "
+            f"{np.asarray(step_size).ravel()[:1]}). The dynamics diverged: lower "
+            "max_step_size or the learning rate. To skip such steps instead, construct the "
+            "guide with check_finite=False and run svi.run(..., stable_update=True)."
+        )

@@ -474,22 +474,13 @@ class UHAGuide(AutoContinuous):
             num_leapfrog_steps=self.num_leapfrog_steps,
             remat=self.remat,
         )
+        factor = info.log_q_initial - jnp.sum(info.momentum_log_ratio)
         if self.check_finite:
-            # The host callback runs only when the weight is bad (under vmap both branches
-            # run and the callback itself checks), so a healthy run pays almost nothing.
-            jax.lax.cond(
-                jnp.isfinite(log_weight),
-                lambda *_: None,
-                lambda *a: jax.debug.callback(_raise_if_nonfinite, *a),
-                log_weight,
-                annealing.step_sizes[0],
-            )
+            factor = factor + _finite_guard(log_weight, annealing.step_sizes[0])
         # Trace_ELBO adds log p(x, z_{K+1}) and the Jacobians from the model's trace; this
         # factor supplies the rest of the augmented proposal's density, so that the ELBO
         # Trace_ELBO estimates is exactly the UHA log weight.
-        numpyro.factor(
-            f"_{self.prefix}_uha_factor", info.log_q_initial - jnp.sum(info.momentum_log_ratio)
-        )
+        numpyro.factor(f"_{self.prefix}_uha_factor", factor)
         return z
 
     # ------------------------------------------------------------- sampling
@@ -636,3 +627,30 @@ def _raise_if_nonfinite(log_weight, step_size):
             "max_step_size or the learning rate. To skip such steps instead, construct the "
             "guide with check_finite=False and run svi.run(..., stable_update=True)."
         )
+    return np.zeros(log_weight.shape, log_weight.dtype)
+
+
+def _finite_guard(log_weight, step_size):
+    """0.0, after raising on the host if ``log_weight`` is NaN or infinite.
+
+    The host callback sits in the untaken branch of a ``cond``, so a healthy unbatched
+    run never leaves the device. Under ``vmap`` (vectorized particles) both branches run;
+    the callback is then made once for the whole batch (``vmap_method="expand_dims"``),
+    not once per particle. Its zero output is added to the guide's factor so that the
+    check cannot be dead-code eliminated; gradients do not flow through it.
+    """
+    log_weight = jax.lax.stop_gradient(log_weight)
+    step_size = jax.lax.stop_gradient(step_size)
+
+    def check(lw, eps):
+        return jax.pure_callback(
+            _raise_if_nonfinite,
+            jax.ShapeDtypeStruct(lw.shape, lw.dtype),
+            lw,
+            eps,
+            vmap_method="expand_dims",
+        )
+
+    return jax.lax.cond(
+        jnp.isfinite(log_weight), lambda lw, eps: jnp.zeros_like(lw), check, log_weight, step_size
+    )

@@ -1,0 +1,68 @@
+"""Shared benchmark plumbing: summaries of log weights and result writing."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import jax
+from numpyro_uha.evaluation import log_z_from_weights
+
+RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def summarize(log_weights, num_transitions=None):
+    est = log_z_from_weights(log_weights, num_transitions)
+    return {
+        "elbo": est.elbo,
+        "elbo_se": est.elbo_se,
+        "iw_log_z": est.iw,
+        "iw_log_z_se": est.iw_se,
+        "ess": est.ess,
+        "num_draws": est.num_draws,
+    }
+
+
+def environment() -> dict:
+    versions = {}
+    for pkg in ("jax", "jaxlib", "numpyro", "optax", "arviz", "numpy"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = None
+    return {
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "machine": f"{platform.machine()} {platform.processor() or ''} {jax.devices()[0].device_kind}".strip(),
+        "cpu_count": __import__("os").cpu_count(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "git_commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_results(name: str, payload: dict, table_md: str) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    payload = {"environment": env, **payload}
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(payload, indent=2))
+    header = (
+        f"# {name}\n\nCommand: `{env['command']}`  \nMachine: {env['machine']} "
+        f"({env['cpu_count']} cores), Python {env['python']}  \nVersions: "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+        + f"  \nCommit: {env['git_commit']}, {env['date']}\n\n"
+    )
+    path = RESULTS_DIR / f"{name}.md"
+    path.write_text(header + table_md + "\n")
+    return path

@@ -28,6 +28,13 @@ def summarize(log_weights, num_transitions=None):
     }
 
 
+def _command_line() -> str:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    entry = ["-m", spec.name] if spec is not None else sys.argv[:1]
+    return " ".join(["python", *entry, *sys.argv[1:]])
+
+
 def environment() -> dict:
     versions = {}
     for pkg in ("jax", "jaxlib", "numpyro", "optax", "arviz", "numpy"):
@@ -37,12 +44,12 @@ def environment() -> dict:
             versions[pkg] = None
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
         ).stdout.strip()
     except OSError:
         commit = None
     return {
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "command": _command_line(),
         "machine": f"{platform.machine()} {platform.processor() or ''} {jax.devices()[0].device_kind}".strip(),
         "cpu_count": __import__("os").cpu_count(),
         "python": platform.python_version(),

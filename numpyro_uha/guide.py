@@ -18,7 +18,12 @@ import numpy as np
 import numpyro
 from numpyro import handlers
 from numpyro.distributions import constraints
-from numpyro.infer.autoguide import AutoContinuous
+from numpyro.infer.autoguide import (
+    AutoContinuous,
+    AutoDiagonalNormal,
+    AutoMultivariateNormal,
+    AutoNormal,
+)
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy
 
@@ -138,6 +143,10 @@ class UHAGuide(AutoContinuous):
         frozen: names of groups that are not learned (see above).
         warm_start_steps: plain-VI steps fitting q at initialization (0 disables).
         warm_start_learning_rate: peak Adam learning rate of the warm start.
+        init_from: ``(fitted_guide, fitted_params)`` of an ``AutoNormal``,
+            ``AutoDiagonalNormal`` or ``AutoMultivariateNormal`` trained on the same model:
+            q starts there and the built-in warm start is skipped. The one-liner after
+            plain VI is ``UHAGuide(model, K=32, init_from=(vi_guide, vi_result.params))``.
         remat: rematerialize each transition in the backward pass: memory for large K no
             longer scales with the model's intermediates, at about one extra forward pass.
         sample_batch_size: draws computed together (vectorized) in
@@ -157,12 +166,13 @@ class UHAGuide(AutoContinuous):
         init_scale: float = 0.1,
         base_dist: str = "diagonal",
         num_leapfrog_steps: int = 1,
-        init_step_size: float = 0.1,
+        init_step_size: float = 0.25,
         max_step_size: float = 1.0,
         init_damping: float = 0.9,
         frozen=(),
         warm_start_steps: int = 1000,
         warm_start_learning_rate: float = 0.01,
+        init_from=None,
         remat: bool = False,
         sample_batch_size: int = 1024,
         check_finite: bool = True,
@@ -209,6 +219,12 @@ class UHAGuide(AutoContinuous):
         self.frozen = frozenset(frozen)
         self.warm_start_steps = warm_start_steps
         self.warm_start_learning_rate = warm_start_learning_rate
+        if init_from is not None and not (isinstance(init_from, tuple) and len(init_from) == 2):
+            raise ValueError(
+                "init_from must be a (fitted_guide, fitted_params) pair, e.g. "
+                f"(AutoDiagonalNormal(model), svi_result.params); got {type(init_from).__name__}."
+            )
+        self.init_from = init_from
         self.remat = remat
         self.sample_batch_size = sample_batch_size
         self.check_finite = check_finite
@@ -241,7 +257,9 @@ class UHAGuide(AutoContinuous):
         else:
             init_scale = jnp.full(self.latent_dim, self._init_scale)
         loc, scale = init_loc, init_scale
-        if self.warm_start_steps > 0:
+        if self.init_from is not None:
+            loc, scale = self._q_from_fitted(*self.init_from)
+        elif self.warm_start_steps > 0:
             fit = fit_gaussian(
                 numpyro.prng_key(),
                 logdensity_fn,
@@ -272,6 +290,44 @@ class UHAGuide(AutoContinuous):
             "bridge_loc_slope": jnp.zeros(self.latent_dim, dtype),
             "bridge_log_scale_slope": jnp.zeros(self.latent_dim, dtype),
         }
+
+    def _q_from_fitted(self, guide, params):
+        """(loc, scale) of a fitted Gaussian AutoGuide, in this guide's latent layout."""
+        if isinstance(guide, AutoNormal):
+            def flat(suffix):
+                return jnp.concatenate([
+                    jnp.reshape(params[f"{name}_{guide.prefix}_{suffix}"], -1)
+                    for name in self._init_locs
+                ])
+            missing = [n for n in self._init_locs if f"{n}_{guide.prefix}_loc" not in params]
+            if missing:
+                raise ValueError(f"init_from: fitted params lack AutoNormal entries for sites {missing}.")
+            loc, scale = flat("loc"), flat("scale")
+        elif isinstance(guide, (AutoDiagonalNormal, AutoMultivariateNormal)):
+            if guide.prototype_trace is None or list(guide._init_locs) != list(self._init_locs):
+                raise ValueError(
+                    "init_from: the fitted guide must have been trained on the same model "
+                    f"(latent sites {list(self._init_locs)})."
+                )
+            posterior = guide.get_posterior(params)
+            loc = posterior.loc
+            scale = (
+                posterior.scale_tril if isinstance(guide, AutoMultivariateNormal) else posterior.scale
+            )
+        else:
+            raise TypeError(
+                "init_from supports fitted AutoNormal, AutoDiagonalNormal and "
+                f"AutoMultivariateNormal guides, got {type(guide).__name__}."
+            )
+        if loc.shape != (self.latent_dim,):
+            raise ValueError(
+                f"init_from: fitted loc has shape {loc.shape}, expected ({self.latent_dim},)."
+            )
+        if self.base_dist == "cholesky" and scale.ndim == 1:
+            scale = jnp.diag(scale)
+        elif self.base_dist == "diagonal" and scale.ndim == 2:
+            scale = jnp.sqrt(jnp.sum(scale**2, axis=-1))
+        return loc, scale
 
     def _validate_model(self, args, kwargs):
         with handlers.block():

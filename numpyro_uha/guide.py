@@ -60,7 +60,8 @@ class WeightedDraws(NamedTuple):
             unbiased estimate of the model's marginal likelihood Z; the mean of log w is
             the ELBO.
         latent: the flat unconstrained draws z_{K+1}, shape ``sample_shape + (d,)``.
-        info: per-transition :class:`~numpyro_uha.core.AnnealingInfo` of every draw.
+        info: per-transition :class:`~numpyro_uha.core.AnnealingInfo` of every draw
+            (``None`` where a caller asked for draws only).
     """
 
     samples: dict
@@ -547,7 +548,7 @@ class UHAGuide(AutoContinuous):
                 "the guide once with the model's arguments first."
             )
 
-    def _draw_impl(self, rng_key, params, arrays, num_draws, spec, corrected):
+    def _draw_impl(self, rng_key, params, arrays, num_draws, spec, corrected, with_info):
         args, kwargs = _merge_static(arrays, spec)
         annealing = self.get_annealing_params(params)
         logdensity_fn = self.get_logdensity_fn(params, *args, **kwargs)
@@ -564,24 +565,25 @@ class UHAGuide(AutoContinuous):
                     handlers.seed(model, 0), args, kwargs, self._unpack_latent(z),
                     return_deterministic=True,
                 )
-            return samples, log_weight, z, info
+            return samples, log_weight, z, (info if with_info else None)
 
         keys = jax.random.split(rng_key, num_draws)
         return jax.lax.map(one, keys, batch_size=min(self.sample_batch_size, num_draws))
 
-    def _draws(self, rng_key, params, args, kwargs, sample_shape, corrected=False):
+    def _draws(self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True):
         self._require_setup()
         _check_params_finite(params)
         sample_shape = tuple(sample_shape)
         num_draws = int(math.prod(sample_shape))
         arrays, spec = _split_static((args, kwargs))
-        key = (spec, corrected)
-        if key not in self._jitted_draws:
-            self._jitted_draws[key] = jax.jit(
-                self._draw_impl, static_argnames=("num_draws", "spec", "corrected")
+        if spec not in self._jitted_draws:
+            self._jitted_draws[spec] = jax.jit(
+                self._draw_impl,
+                static_argnames=("num_draws", "spec", "corrected", "with_info"),
             )
-        samples, log_weights, latent, info = self._jitted_draws[key](
-            rng_key, params, arrays, num_draws=num_draws, spec=spec, corrected=corrected
+        samples, log_weights, latent, info = self._jitted_draws[spec](
+            rng_key, params, arrays, num_draws=num_draws, spec=spec, corrected=corrected,
+            with_info=with_info,
         )
         if not _is_tracer(log_weights):
             bad = int(jnp.sum(~jnp.isfinite(log_weights)))
@@ -603,7 +605,7 @@ class UHAGuide(AutoContinuous):
         ``sample_shape`` fit in memory. Returns a dict of constrained latent and
         deterministic site values with leading shape ``sample_shape``.
         """
-        return self._draws(rng_key, params, args, kwargs, sample_shape).samples
+        return self._draws(rng_key, params, args, kwargs, sample_shape, with_info=False).samples
 
     def sample_posterior_with_log_weights(
         self, rng_key, params, *args, sample_shape=(), **kwargs

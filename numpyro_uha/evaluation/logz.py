@@ -63,7 +63,8 @@ def log_z_from_weights(log_weights, num_transitions: int | None = None) -> LogZE
     mean_w = np.mean(w)
     return LogZEstimate(
         elbo=float(np.mean(log_w)),
-        elbo_se=float(np.std(log_w, ddof=1) / math.sqrt(n)),
+        # A draw of zero weight (log w = -inf) makes the ELBO -inf with no finite error.
+        elbo_se=float(np.std(log_w, ddof=1) / math.sqrt(n)) if np.all(np.isfinite(log_w)) else math.inf,
         iw=float(shift + np.log(mean_w)),
         iw_se=float(np.std(w, ddof=1) / (math.sqrt(n) * mean_w)),
         ess=float(np.sum(w) ** 2 / np.sum(w**2)),

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
+from jax.custom_batching import custom_vmap
 from numpyro import handlers
 from numpyro.distributions import constraints
 from numpyro.infer.autoguide import (
@@ -685,30 +686,44 @@ def _raise_if_nonfinite(log_weight, step_size):
             "max_step_size or the learning rate. To skip such steps instead, construct the "
             "guide with check_finite=False and run svi.run(..., stable_update=True)."
         )
-    return np.zeros(log_weight.shape, log_weight.dtype)
+    return np.zeros((), log_weight.dtype)
+
+
+def _check_all_finite(log_weight, step_size):
+    def report(lw, eps):
+        return jax.pure_callback(
+            _raise_if_nonfinite, jax.ShapeDtypeStruct((), lw.dtype), lw, eps
+        )
+
+    return jax.lax.cond(
+        jnp.any(~jnp.isfinite(log_weight)),
+        report,
+        lambda lw, eps: jnp.zeros((), lw.dtype),
+        log_weight,
+        step_size,
+    )
+
+
+@custom_vmap
+def _finite_guard_unbatched(log_weight, step_size):
+    return _check_all_finite(log_weight, step_size)
+
+
+@_finite_guard_unbatched.def_vmap
+def _finite_guard_batched(axis_size, in_batched, log_weight, step_size):
+    # Reduce over the particle batch *before* branching, so the predicate stays unbatched
+    # and the host callback stays in a cond branch that a healthy run never takes
+    # (a batched predicate would turn the cond into a select that always calls the host).
+    return _check_all_finite(log_weight, step_size), False
 
 
 def _finite_guard(log_weight, step_size):
     """0.0, after raising on the host if ``log_weight`` is NaN or infinite.
 
-    The host callback sits in the untaken branch of a ``cond``, so a healthy unbatched
-    run never leaves the device. Under ``vmap`` (vectorized particles) both branches run;
-    the callback is then made once for the whole batch (``vmap_method="expand_dims"``),
-    not once per particle. Its zero output is added to the guide's factor so that the
-    check cannot be dead-code eliminated; gradients do not flow through it.
+    The zero is added to the guide's factor so the check cannot be dead-code eliminated;
+    gradients do not flow through it. Costs nothing while the weights are finite, with or
+    without ``vmap`` over particles.
     """
-    log_weight = jax.lax.stop_gradient(log_weight)
-    step_size = jax.lax.stop_gradient(step_size)
-
-    def check(lw, eps):
-        return jax.pure_callback(
-            _raise_if_nonfinite,
-            jax.ShapeDtypeStruct(lw.shape, lw.dtype),
-            lw,
-            eps,
-            vmap_method="expand_dims",
-        )
-
-    return jax.lax.cond(
-        jnp.isfinite(log_weight), lambda lw, eps: jnp.zeros_like(lw), check, log_weight, step_size
+    return _finite_guard_unbatched(
+        jax.lax.stop_gradient(log_weight), jax.lax.stop_gradient(step_size)
     )

@@ -101,7 +101,8 @@ def _algorithm3_reference(rng_key, logdensity_fn, params, num_leapfrog_steps=1):
     random numbers as the scanned implementation."""
     loc, scale, betas, step_sizes, eta, sigma, loc_slope, log_scale_slope = params
     dim = loc.shape[0]
-    key_init, key_momentum, key_steps = jax.random.split(rng_key, 3)
+    key_init, key_momentum, key_refresh, _ = jax.random.split(rng_key, 4)
+    noises = jax.random.normal(key_refresh, (betas.shape[0], loc.shape[0]))
     z = gaussian_sample(jax.random.normal(key_init, (dim,)), loc, scale)
     estimate = -gaussian_logpdf(z, loc, scale)
     rho = sigma * jax.random.normal(key_momentum, (dim,))
@@ -109,7 +110,6 @@ def _algorithm3_reference(rng_key, logdensity_fn, params, num_leapfrog_steps=1):
     per_step = []
     for m in range(betas.shape[0]):
         beta, eps = betas[m], step_sizes[m]
-        key_refresh, _ = jax.random.split(jax.random.fold_in(key_steps, m))
         b_loc, b_scale = bridge_gaussian(beta, loc, scale, loc_slope, log_scale_slope)
 
         def grad_log_pi(x):
@@ -118,7 +118,7 @@ def _algorithm3_reference(rng_key, logdensity_fn, params, num_leapfrog_steps=1):
             )(x)
 
         # 1. partial momentum refresh, leaving S = N(0, Σ) invariant
-        xi = jax.random.normal(key_refresh, (dim,))
+        xi = noises[m]
         rho_prime = eta * rho + jnp.sqrt(1 - eta**2) * sigma * xi
         # 2. leapfrog, then the simulator's momentum flip
         x, r = z, rho_prime

@@ -188,16 +188,20 @@ class UHAGuide(AutoContinuous):
             raise ValueError(
                 f"base_dist must be 'diagonal' or 'cholesky', got {base_dist!r}."
             )
-        if not (isinstance(max_step_size, (int, float)) and max_step_size > 0):
+        max_step_size = _real("max_step_size", max_step_size)
+        init_step_size = _real("init_step_size", init_step_size)
+        init_damping = _real("init_damping", init_damping)
+        init_scale = _real("init_scale", init_scale)
+        if not max_step_size > 0:
             raise ValueError(f"max_step_size must be a positive number, got {max_step_size!r}.")
-        if not (isinstance(init_step_size, (int, float)) and 0 < init_step_size < max_step_size):
+        if not 0 < init_step_size < max_step_size:
             raise ValueError(
                 "init_step_size must satisfy 0 < init_step_size < max_step_size "
                 f"(= {max_step_size}), got {init_step_size!r}."
             )
-        if not (isinstance(init_damping, (int, float)) and 0 <= init_damping < 1):
+        if not 0 <= init_damping < 1:
             raise ValueError(f"init_damping (η) must be in [0, 1), got {init_damping!r}.")
-        if not (isinstance(init_scale, (int, float)) and init_scale > 0):
+        if not init_scale > 0:
             raise ValueError(f"init_scale must be a positive number, got {init_scale!r}.")
         if not (warm_start_learning_rate > 0):
             raise ValueError(
@@ -244,7 +248,12 @@ class UHAGuide(AutoContinuous):
     # ------------------------------------------------------------------ setup
     def _setup_prototype(self, *args, **kwargs):
         self._validate_model(args, kwargs)
-        super()._setup_prototype(*args, **kwargs)
+        try:
+            super()._setup_prototype(*args, **kwargs)
+        except RuntimeError as err:
+            if "valid initial parameters" not in str(err):
+                raise
+            raise ValueError(self._describe_bad_initial_point(args, kwargs)) from err
         self._model_param_sites = {
             name: site for name, site in self.prototype_trace.items() if site["type"] == "param"
         }
@@ -253,7 +262,6 @@ class UHAGuide(AutoContinuous):
         model_params = {name: site["value"] for name, site in self._model_param_sites.items()}
         logdensity_fn = self._make_logdensity(args, kwargs, model_params)
         init_loc = self._init_latent
-        self._check_initial_point(init_loc, logdensity_fn, args, kwargs)
         if self.base_dist == "cholesky":
             init_scale = jnp.eye(self.latent_dim) * self._init_scale
         else:
@@ -361,15 +369,11 @@ class UHAGuide(AutoContinuous):
                 "observed), so there is no posterior to approximate."
             )
 
-    def _check_initial_point(self, init_loc, logdensity_fn, args, kwargs):
-        value = logdensity_fn(init_loc)
-        if _is_tracer(value) or bool(jnp.isfinite(value)):
-            return
-        unpacked = self._unpack_latent(init_loc)
+    def _describe_bad_initial_point(self, args, kwargs):
+        """Name the sites whose log probability is not finite at an initial point."""
         with handlers.block():
             model = handlers.substitute(
-                handlers.seed(self.model, 0),
-                data=constrain_fn(handlers.seed(self.model, 0), args, kwargs, unpacked),
+                handlers.seed(self.model, 0), substitute_fn=self.init_loc_fn
             )
             model_trace = handlers.trace(model).get_trace(*args, **kwargs)
         bad = [
@@ -378,10 +382,11 @@ class UHAGuide(AutoContinuous):
             if site["type"] == "sample"
             and not bool(jnp.all(jnp.isfinite(site["fn"].log_prob(site["value"]))))
         ]
-        raise ValueError(
-            f"UHAGuide: the model's log density is {float(value)} at the initial point; "
-            f"sites with a non-finite log probability there: {bad or 'none (check factors)'}. "
-            "Choose another init_loc_fn (e.g. init_to_median) or fix the model."
+        return (
+            "UHAGuide: the model's log density (or its gradient) is not finite at any "
+            f"initial point tried by init_loc_fn; sites with a non-finite log probability at "
+            f"such a point: {bad or 'none found (check factors and gradients)'}. Choose "
+            "another init_loc_fn (e.g. init_to_median) or fix the model."
         )
 
     # ----------------------------------------------------------- log density
@@ -653,10 +658,21 @@ class UHAGuide(AutoContinuous):
         }
 
     def _mc_draws(self, params, args, kwargs, num_samples, rng_key):
+        self._require_setup()
         args, kwargs = self._default_args(args, kwargs)
         rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
         samples = self.sample_posterior(rng_key, params, *args, sample_shape=(num_samples,), **kwargs)
         return {name: value for name, value in samples.items() if name in self._init_locs}
+
+
+def _real(name, value) -> float:
+    """``value`` as a Python float (NumPy and JAX scalars included), or a ValueError."""
+    if isinstance(value, bool) or np.ndim(value) != 0:
+        raise ValueError(f"{name} must be a real number, got {value!r}.")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {value!r}.") from None
 
 
 def _check_int(name, value, minimum):

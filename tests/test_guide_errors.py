@@ -1,0 +1,291 @@
+"""Bad input to UHAGuide gets a clear error that names the argument or the site."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from numpyro.infer import SVI, Trace_ELBO
+
+from numpyro_uha import UHAGuide
+
+
+def normal_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+Y = jnp.array([0.5, -0.3, 1.2])
+
+
+def svi_for(model, guide, loss=None, lr=1e-2):
+    return SVI(model, guide, optax.adam(lr), loss or Trace_ELBO())
+
+
+# ---------------------------------------------------------------------- constructor
+
+BAD_ARGUMENTS = [
+    pytest.param({"K": 0}, r"^K must be", id="K=0"),
+    pytest.param({"K": -1}, r"^K must be", id="K=-1"),
+    pytest.param({"K": 1.5}, r"^K must be", id="K=1.5"),
+    pytest.param({"K": True}, r"^K must be", id="K=True"),
+    pytest.param({"num_leapfrog_steps": 0}, "num_leapfrog_steps", id="num_leapfrog_steps=0"),
+    pytest.param({"init_step_size": 0.0}, "init_step_size", id="init_step_size=0"),
+    pytest.param({"init_step_size": -0.1}, "init_step_size", id="init_step_size<0"),
+    pytest.param(
+        {"init_step_size": 1.0, "max_step_size": 1.0}, "init_step_size", id="init_step_size=max"
+    ),
+    pytest.param(
+        {"init_step_size": 2.0, "max_step_size": 1.0}, "init_step_size", id="init_step_size>max"
+    ),
+    pytest.param({"max_step_size": 0.0}, "max_step_size", id="max_step_size=0"),
+    pytest.param({"max_step_size": -1.0}, "max_step_size", id="max_step_size<0"),
+    pytest.param({"init_damping": 1.0}, "damping", id="init_damping=1"),
+    pytest.param({"init_damping": -0.1}, "damping", id="init_damping<0"),
+    pytest.param({"init_scale": 0.0}, "init_scale", id="init_scale=0"),
+    pytest.param({"init_scale": -1.0}, "init_scale", id="init_scale<0"),
+    pytest.param({"base_dist": "full"}, "base_dist", id="base_dist=full"),
+    pytest.param({"warm_start_steps": -1}, "warm_start_steps", id="warm_start_steps<0"),
+    pytest.param({"sample_batch_size": 0}, "sample_batch_size", id="sample_batch_size=0"),
+    pytest.param(
+        {"warm_start_learning_rate": 0.0},
+        "warm_start_learning_rate",
+        id="warm_start_learning_rate=0",
+    ),
+    pytest.param({"init_from": "vi"}, "init_from", id="init_from-not-a-pair"),
+]
+
+
+@pytest.mark.parametrize("kwargs, match", BAD_ARGUMENTS)
+def test_bad_constructor_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        UHAGuide(normal_model, **kwargs)
+
+
+def test_unknown_frozen_group_is_listed():
+    with pytest.raises(ValueError, match="foo") as info:
+        UHAGuide(normal_model, frozen=("foo", "q"))
+    message = str(info.value)
+    assert "frozen" in message and "'q'" in message.split("Valid groups")[1]
+    assert "['foo']" in message  # only the unknown name is reported as unknown
+
+
+@pytest.mark.parametrize(
+    "frozen, absent",
+    [
+        pytest.param("q", {"auto_loc", "auto_scale"}, id="q"),
+        pytest.param("damping", {"auto_damping"}, id="damping"),
+    ],
+)
+def test_frozen_as_a_single_string(frozen, absent):
+    # a string is one group name, not an iterable of one-letter names
+    guide = UHAGuide(normal_model, K=2, warm_start_steps=0, frozen=frozen)
+    assert guide.frozen == frozenset({frozen})
+    svi = svi_for(normal_model, guide)
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y))
+    assert not absent & set(params)
+    assert {"auto_step_size", "auto_beta_logits"} <= set(params)
+
+
+def test_valid_boundary_arguments_are_accepted():
+    guide = UHAGuide(normal_model, K=np.int64(1), init_damping=0.0, num_leapfrog_steps=3)
+    assert guide.K == 1 and 0.0 < guide.init_damping < 1e-3  # nudged inside (0, 1)
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        pytest.param("init_step_size", 0.1, id="init_step_size"),
+        pytest.param("max_step_size", 0.5, id="max_step_size"),
+        pytest.param("init_damping", 0.5, id="init_damping"),
+        pytest.param("init_scale", 0.5, id="init_scale"),
+    ],
+)
+def test_numpy_float32_arguments_are_accepted(name, value):
+    UHAGuide(normal_model, **{name: np.float32(value)})
+
+
+# ------------------------------------------------------------------ model validation
+
+
+def discrete_model(y):
+    k = numpyro.sample("k", dist.Bernoulli(0.5))
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu + k, 1.0), obs=y)
+
+
+def subsampled_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", 100, subsample_size=10):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def all_observed_model(y):
+    numpyro.sample("y", dist.Normal(0.0, 1.0).expand([y.shape[0]]).to_event(1), obs=y)
+
+
+@pytest.mark.parametrize(
+    "model, args, match",
+    [
+        pytest.param(discrete_model, (Y,), r"'k'.*discrete", id="discrete-latent"),
+        pytest.param(
+            subsampled_model, (jnp.zeros(10),), r"plate 'data' subsamples", id="subsampling-plate"
+        ),
+        pytest.param(all_observed_model, (Y,), "no latent sample site", id="no-latent-site"),
+    ],
+)
+def test_unsupported_model_fails_at_init(model, args, match):
+    guide = UHAGuide(model, K=2, warm_start_steps=0)
+    with pytest.raises(ValueError, match=match):
+        svi_for(model, guide).init(jax.random.PRNGKey(0), *args)
+
+
+def minus_inf_model():
+    x = numpyro.sample("x", dist.Normal(0.0, 1.0))
+    numpyro.factor("bad", jnp.where(x > -100.0, -jnp.inf, 0.0))
+
+
+WARM_STARTS = [
+    pytest.param({"warm_start_steps": 0}, id="no-warm-start"),
+    pytest.param({}, id="default-warm-start"),
+]
+
+
+@pytest.mark.parametrize("kwargs", WARM_STARTS)
+def test_non_finite_initial_log_density_fails_at_init(kwargs):
+    guide = UHAGuide(minus_inf_model, K=2, **kwargs)
+    with pytest.raises(ValueError, match=r"\['bad'\]"):
+        svi_for(minus_inf_model, guide).init(jax.random.PRNGKey(0))
+    with pytest.raises(RuntimeError, match="not been initialized"):  # nothing was set up
+        guide.sample_posterior(jax.random.PRNGKey(0), {})
+
+
+@pytest.mark.parametrize("kwargs", WARM_STARTS)
+def test_non_finite_initial_log_density_raises_clear_valueerror(kwargs):
+    guide = UHAGuide(minus_inf_model, K=2, **kwargs)
+    with pytest.raises(ValueError, match="log density"):
+        svi_for(minus_inf_model, guide).init(jax.random.PRNGKey(0))
+
+
+# ------------------------------------------------------------------------- sampling
+
+
+def test_sample_posterior_before_setup_raises():
+    guide = UHAGuide(normal_model)
+    with pytest.raises(RuntimeError, match="not been initialized"):
+        guide.sample_posterior(jax.random.PRNGKey(0), {}, Y)
+    with pytest.raises(RuntimeError, match="not been initialized"):
+        guide.sample_posterior_with_log_weights(jax.random.PRNGKey(0), {}, Y)
+    with pytest.raises(RuntimeError, match="not been initialized"):
+        guide.get_annealing_params({})
+
+
+def test_median_before_setup_raises_not_initialized():
+    guide = UHAGuide(normal_model)
+    with pytest.raises(RuntimeError, match="not been initialized"):
+        guide.median({})
+
+
+@pytest.fixture(scope="module")
+def initialized():
+    guide = UHAGuide(normal_model, K=2, warm_start_steps=0)
+    svi = svi_for(normal_model, guide)
+    return guide, svi.get_params(svi.init(jax.random.PRNGKey(0), Y))
+
+
+@pytest.mark.parametrize("name", ["auto_loc", "auto_step_size"])
+def test_sample_posterior_with_nan_params_names_the_param(initialized, name):
+    guide, params = initialized
+    bad = dict(params, **{name: jnp.full_like(params[name], jnp.nan)})
+    with pytest.raises(FloatingPointError, match=name):
+        guide.sample_posterior(jax.random.PRNGKey(0), bad, Y)
+    with pytest.raises(FloatingPointError, match=name):
+        guide.sample_posterior_with_log_weights(jax.random.PRNGKey(0), bad, Y)
+
+
+def test_missing_param_is_a_clear_keyerror(initialized):
+    guide, params = initialized
+    params = {k: v for k, v in params.items() if k != "auto_damping"}
+    with pytest.raises(KeyError, match="auto_damping"):
+        guide.get_annealing_params(params)
+
+
+# -------------------------------------------------------------- diverging training
+
+
+def nan_outside_model():
+    """Finite (and flat) for |x| < 3, NaN outside, in value *and* gradient."""
+    x = numpyro.sample("x", dist.Normal(0.0, 1.0))
+    numpyro.factor("nan_outside", 0.0 * jnp.sqrt(9.0 - x**2))
+
+
+def nan_value_model():
+    """NaN value for |x| > 3 but a zero gradient everywhere (jnp.where of constants)."""
+    x = numpyro.sample("x", dist.Normal(0.0, 1.0))
+    numpyro.factor("nan_outside", jnp.where(jnp.abs(x) > 3.0, jnp.nan, 0.0))
+
+
+def diverging_guide(model, **kwargs):
+    # q starts 3 sds wide around a point in (-2, 2) and ε is near its maximum, so the
+    # draws leave |x| < 3 in the first steps.
+    return UHAGuide(
+        model,
+        K=2,
+        warm_start_steps=0,
+        init_scale=3.0,
+        init_step_size=0.9,
+        max_step_size=1.0,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        pytest.param(Trace_ELBO(), id="one-particle"),
+        pytest.param(Trace_ELBO(num_particles=4, vectorize_particles=True), id="vectorized-4"),
+    ],
+)
+def test_diverging_training_raises(loss):
+    svi = svi_for(nan_value_model, diverging_guide(nan_value_model), loss=loss)
+    # the guide raises FloatingPointError in a host callback; JAX re-raises it wrapped
+    with pytest.raises(Exception, match="non-finite") as info:
+        svi.run(jax.random.PRNGKey(0), 20, progress_bar=False)
+    assert "UHA log weight" in str(info.value)
+
+
+def test_check_finite_false_lets_nan_reach_params():
+    guide = diverging_guide(nan_outside_model, check_finite=False)
+    svi = svi_for(nan_outside_model, guide)
+    result = svi.run(jax.random.PRNGKey(0), 20, progress_bar=False)
+    assert not bool(jnp.all(jnp.isfinite(result.losses)))
+    assert not bool(jnp.all(jnp.isfinite(result.params["auto_loc"])))
+    with pytest.raises(FloatingPointError, match="auto_loc"):
+        guide.sample_posterior(jax.random.PRNGKey(1), result.params, sample_shape=(10,))
+
+
+def test_check_finite_false_with_nan_value_only_fails_at_sampling():
+    # jnp.where of constants has a zero gradient, so training goes on with NaN losses
+    # but finite parameters; the non-finite log weights are caught when sampling.
+    guide = diverging_guide(nan_value_model, check_finite=False)
+    svi = svi_for(nan_value_model, guide)
+    result = svi.run(jax.random.PRNGKey(0), 20, progress_bar=False)
+    assert not bool(jnp.all(jnp.isfinite(result.losses)))
+    for value in result.params.values():
+        assert bool(jnp.all(jnp.isfinite(value)))
+    with pytest.raises(FloatingPointError, match="non-finite log weight"):
+        guide.sample_posterior(jax.random.PRNGKey(1), result.params, sample_shape=(200,))
+
+
+def test_diverging_warm_start_warns_and_falls_back():
+    guide = UHAGuide(nan_outside_model, K=2, warm_start_steps=50, init_scale=3.0)
+    svi = svi_for(nan_outside_model, guide)
+    with pytest.warns(RuntimeWarning, match="warm start diverged"):
+        params = svi.get_params(svi.init(jax.random.PRNGKey(0)))
+    # q falls back to init_loc_fn and init_scale
+    np.testing.assert_allclose(params["auto_scale"], 3.0, rtol=1e-5)
+    assert bool(jnp.all(jnp.isfinite(params["auto_loc"])))

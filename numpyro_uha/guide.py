@@ -667,7 +667,7 @@ class UHAGuide(AutoContinuous):
 
 def _real(name, value) -> float:
     """``value`` as a Python float (NumPy and JAX scalars included), or a ValueError."""
-    if isinstance(value, bool) or np.ndim(value) != 0:
+    if isinstance(value, (bool, str, bytes)) or np.ndim(value) != 0:
         raise ValueError(f"{name} must be a real number, got {value!r}.")
     try:
         return float(value)

@@ -218,10 +218,10 @@ class UHAGuide(AutoContinuous):
         self.K = K
         self.base_dist = base_dist
         self.num_leapfrog_steps = num_leapfrog_steps
-        self.init_step_size = float(init_step_size)
-        self.max_step_size = float(max_step_size)
+        self.init_step_size = init_step_size
+        self.max_step_size = max_step_size
         # η = 0 lies on the boundary of the learnable interval (0, 1); nudge it inside.
-        self.init_damping = float(init_damping) if init_damping > 0 else 1e-4
+        self.init_damping = init_damping if init_damping > 0 else 1e-4
         self.frozen = frozenset(frozen)
         self.warm_start_steps = warm_start_steps
         self.warm_start_learning_rate = warm_start_learning_rate
@@ -234,7 +234,7 @@ class UHAGuide(AutoContinuous):
         self.remat = remat
         self.sample_batch_size = sample_batch_size
         self.check_finite = check_finite
-        self._init_scale = float(init_scale)
+        self._init_scale = init_scale
         self._init_values = None
         self._setup_args = None
         self._jitted_draws = {}
@@ -390,8 +390,15 @@ class UHAGuide(AutoContinuous):
         )
 
     # ----------------------------------------------------------- log density
+    def _model_params_in(self, params):
+        """The model's own ``numpyro.param`` values among ``params``."""
+        return {name: params[name] for name in self._model_param_sites if name in params}
+
+    def _conditioned_model(self, model_params):
+        return handlers.substitute(self.model, data=model_params) if model_params else self.model
+
     def _make_logdensity(self, args, kwargs, model_params):
-        model = handlers.substitute(self.model, data=model_params) if model_params else self.model
+        model = self._conditioned_model(model_params)
         self._check_same_latents(model, args, kwargs)
 
         def logdensity_fn(z):
@@ -426,8 +433,7 @@ class UHAGuide(AutoContinuous):
         values taken from ``params``; ``z`` is a flat vector of size ``latent_dim``.
         """
         self._require_setup()
-        model_params = {name: params[name] for name in self._model_param_sites if name in params}
-        return self._make_logdensity(args, kwargs, model_params)
+        return self._make_logdensity(args, kwargs, self._model_params_in(params))
 
     # ------------------------------------------------------------ parameters
     def _param_specs(self):
@@ -472,17 +478,23 @@ class UHAGuide(AutoContinuous):
             bridge_log_scale_slope=values["bridge_log_scale_slope"],
         )
 
-    def _register_params(self) -> AnnealingParams:
-        specs = self._param_specs()
-        values = {}
-        for short, constraint in specs.items():
-            if self._learnable(short):
-                values[short] = numpyro.param(
-                    self._param_name(short), self._init_values[short], constraint=constraint
-                )
-            else:
-                values[short] = self._init_values[short]
+    def _collect(self, fetch) -> AnnealingParams:
+        """AnnealingParams with learnable values from ``fetch(short, name, constraint)``
+        and frozen groups at their initial values."""
+        values = {
+            short: fetch(short, self._param_name(short), constraint)
+            if self._learnable(short)
+            else self._init_values[short]
+            for short, constraint in self._param_specs().items()
+        }
         return self._assemble(values)
+
+    def _register_params(self) -> AnnealingParams:
+        return self._collect(
+            lambda short, name, constraint: numpyro.param(
+                name, self._init_values[short], constraint=constraint
+            )
+        )
 
     def get_annealing_params(self, params) -> AnnealingParams:
         """The core's :class:`~numpyro_uha.core.AnnealingParams` for trained ``params``.
@@ -491,20 +503,16 @@ class UHAGuide(AutoContinuous):
         frozen groups take their initial values.
         """
         self._require_setup()
-        specs = self._param_specs()
-        values = {}
-        for short in specs:
-            name = self._param_name(short)
-            if self._learnable(short):
-                if name not in params:
-                    raise KeyError(
-                        f"UHAGuide: params has no '{name}'. Pass the params returned by "
-                        "svi.get_params(...) or svi.run(...).params for this guide."
-                    )
-                values[short] = jnp.asarray(params[name])
-            else:
-                values[short] = self._init_values[short]
-        return self._assemble(values)
+
+        def fetch(short, name, constraint):
+            if name not in params:
+                raise KeyError(
+                    f"UHAGuide: params has no '{name}'. Pass the params returned by "
+                    "svi.get_params(...) or svi.run(...).params for this guide."
+                )
+            return jnp.asarray(params[name])
+
+        return self._collect(fetch)
 
     # --------------------------------------------------------------- guide
     def _get_posterior(self):
@@ -557,9 +565,9 @@ class UHAGuide(AutoContinuous):
     def _draw_impl(self, rng_key, params, arrays, num_draws, spec, corrected, with_info):
         args, kwargs = _merge_static(arrays, spec)
         annealing = self.get_annealing_params(params)
-        logdensity_fn = self.get_logdensity_fn(params, *args, **kwargs)
-        model_params = {name: params[name] for name in self._model_param_sites if name in params}
-        model = handlers.substitute(self.model, data=model_params) if model_params else self.model
+        model_params = self._model_params_in(params)
+        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
+        model = self._conditioned_model(model_params)
 
         def one(key):
             z, log_weight, info = annealed_sample(

@@ -9,6 +9,7 @@ from numpyro_uha.core.annealing import (
     annealed_sample,
     hais_sample,
     make_params,
+    reverse_annealed_sample,
     uha_sample,
 )
 from numpyro_uha.core.gaussian import (
@@ -45,6 +46,7 @@ __all__ = [
     "leapfrog",
     "logits_from_betas",
     "make_params",
+    "reverse_annealed_sample",
     "step_sizes_from_beta",
     "uha_sample",
 ]

@@ -49,6 +49,7 @@ __all__ = [
     "annealed_sample",
     "uha_sample",
     "hais_sample",
+    "reverse_annealed_sample",
 ]
 
 LogDensityFn = Callable[[jax.Array], jax.Array]
@@ -172,8 +173,7 @@ def annealed_sample(
         The final position, the log importance weight and :class:`AnnealingInfo`.
         The function is pure and safe under ``jit``, ``vmap`` and ``grad``.
     """
-    (loc, scale, betas, step_sizes, damping, momentum_scale,
-     loc_slope, log_scale_slope) = params
+    loc, scale, betas, step_sizes, damping, momentum_scale = params[:6]
     dim = loc.shape[-1]
     key_init, key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 4)
 
@@ -183,10 +183,42 @@ def annealed_sample(
     value_and_grad = jax.value_and_grad(logdensity_fn)
     target_logdensity, target_grad = value_and_grad(z_init)
     state = IntegratorState(z_init, momentum, target_logdensity, target_grad)
+    move = _make_move(value_and_grad, params, num_leapfrog_steps, corrected)
     refresh_scale = jnp.sqrt(1.0 - damping**2) * momentum_scale
 
     def transition(state, step):
         beta, step_size, noise, uniform = step
+        start = state._replace(momentum=damping * state.momentum + refresh_scale * noise)
+        return move(start, beta, step_size, uniform)
+
+    if remat:
+        transition = jax.checkpoint(transition, prevent_cse=False)
+    # The refresh noise is drawn for all K transitions at once: in a rough (noisy) CPU
+    # timing one vectorized draw was cheaper than K small ones inside the loop; it costs
+    # K·d floats per chain, no more than the residuals reverse mode keeps anyway.
+    num_transitions = betas.shape[0]
+    noises = jax.random.normal(key_refresh, (num_transitions, dim), loc.dtype)
+    uniforms = jax.random.uniform(key_accept, (num_transitions,), loc.dtype)
+    final_state, per_step = jax.lax.scan(
+        transition, state, (betas, step_sizes, noises, uniforms)
+    )
+    log_weight = final_state.target_logdensity - log_q_initial + jnp.sum(per_step[-1])
+    info = AnnealingInfo(z_init, log_q_initial, *per_step)
+    return final_state.position, log_weight, info
+
+
+def _make_move(value_and_grad, params, num_leapfrog_steps, corrected):
+    """The deterministic (or Metropolis-corrected) part of transition m.
+
+    ``move(start, β_m, ε_m, u)`` runs the leapfrog for π_m from ``start`` (whose momentum
+    was already refreshed) and returns the new state and the per-step diagnostics
+    ``(log p̄ at the new position, momentum log ratio, log acceptance ratio, accepted,
+    weight increment)``. The forward sampler refreshes then moves; the reverse sampler
+    moves then refreshes.
+    """
+    loc, scale, _, _, _, momentum_scale, loc_slope, log_scale_slope = params
+
+    def move(start, beta, step_size, uniform):
         bridge_loc, bridge_scale = bridge_gaussian(beta, loc, scale, loc_slope, log_scale_slope)
 
         def bridge_grad(z, grad_target):
@@ -195,7 +227,6 @@ def annealed_sample(
         def bridge_logdensity(z, logdensity_target):
             return (1.0 - beta) * gaussian_logpdf(z, bridge_loc, bridge_scale) + beta * logdensity_target
 
-        start = state._replace(momentum=damping * state.momentum + refresh_scale * noise)
         proposal = leapfrog(
             start, step_size, momentum_scale, value_and_grad, bridge_grad, num_leapfrog_steps
         )
@@ -227,20 +258,74 @@ def annealed_sample(
         )
         return new_state, step_info
 
-    if remat:
-        transition = jax.checkpoint(transition, prevent_cse=False)
-    # The refresh noise is drawn for all K transitions at once: in a rough (noisy) CPU
-    # timing one vectorized draw was cheaper than K small ones inside the loop; it costs
-    # K·d floats per chain, no more than the residuals reverse mode keeps anyway.
+    return move
+
+
+def reverse_annealed_sample(
+    rng_key: jax.Array,
+    logdensity_fn: LogDensityFn,
+    params: AnnealingParams,
+    position: jax.Array,
+    *,
+    num_leapfrog_steps: int = 1,
+    corrected: bool = False,
+) -> tuple[jax.Array, jax.Array, AnnealingInfo]:
+    """Run the annealing chain *backwards* from ``position`` (Grosse et al.'s reverse AIS).
+
+    The path z_{K+1} → z_K → ... → z_1 is drawn from the backward process that defines
+    the UHA (or, with ``corrected=True``, the Hamiltonian AIS) weight: (z_{K+1}, ρ_{K+1})
+    ~ p(z) S(ρ), then for m = K, ..., 1 the reversal of transition m (the leapfrog for
+    π_m, Metropolis-corrected if asked, followed by a partial momentum refresh; working
+    with negated momenta makes the reversal the same code as the forward move). The
+    returned log weight is the forward weight *of that path*, so that
+
+    * if ``position`` is an exact draw from the posterior p = p̄ / Z, then
+      E[log w] ≥ log Z: a stochastic **upper** bound (the gap is the KL divergence
+      from the backward to the forward path distribution), and E[1 / w] = 1 / Z;
+    * together with the forward sampler's lower bound it sandwiches log Z.
+
+    The bound is only valid for exact posterior draws: with approximate ones (e.g. short
+    or unconverged MCMC) it can fall below log Z.
+
+    Returns:
+        ``(z_1, log w, info)``; ``info`` is ordered by transition m = 1..K like the
+        forward sampler's, with ``info.initial_position = z_1``, ``info.log_q_initial =
+        log q(z_1)``, ``info.target_logdensity[m-1] = log p̄(z_m)`` and
+        ``info.log_accept_ratio`` / ``info.accepted`` those of the backward moves.
+    """
+    loc, scale, betas, step_sizes, damping, momentum_scale = params[:6]
+    dim = loc.shape[-1]
+    key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 3)
+    position = jnp.asarray(position, loc.dtype)
+    momentum = momentum_scale * jax.random.normal(key_momentum, (dim,), loc.dtype)
+    value_and_grad = jax.value_and_grad(logdensity_fn)
+    final_logdensity, final_grad = value_and_grad(position)
+    state = IntegratorState(position, momentum, final_logdensity, final_grad)
+    move = _make_move(value_and_grad, params, num_leapfrog_steps, corrected)
+    refresh_scale = jnp.sqrt(1.0 - damping**2) * momentum_scale
+
+    def transition(state, step):
+        beta, step_size, noise, uniform = step
+        moved, step_info = move(state, beta, step_size, uniform)
+        return moved._replace(momentum=damping * moved.momentum + refresh_scale * noise), step_info
+
     num_transitions = betas.shape[0]
     noises = jax.random.normal(key_refresh, (num_transitions, dim), loc.dtype)
     uniforms = jax.random.uniform(key_accept, (num_transitions,), loc.dtype)
-    final_state, per_step = jax.lax.scan(
-        transition, state, (betas, step_sizes, noises, uniforms)
+    first_state, per_step = jax.lax.scan(
+        transition, state, (betas, step_sizes, noises, uniforms), reverse=True
     )
-    log_weight = final_state.target_logdensity - log_q_initial + jnp.sum(per_step[-1])
-    info = AnnealingInfo(z_init, log_q_initial, *per_step)
-    return final_state.position, log_weight, info
+    log_q_initial = gaussian_logpdf(first_state.position, loc, scale)
+    # Each backward move's increment is the forward increment with start and end swapped.
+    increments = -per_step[-1]
+    log_weight = final_logdensity - log_q_initial + jnp.sum(increments)
+    target_logdensity, momentum_log_ratio, log_accept_ratio, accepted, _ = per_step
+    info = AnnealingInfo(
+        first_state.position, log_q_initial, target_logdensity,
+        # In forward terms, log S(ρ_{m+1}) - log S(ρ'_m) is minus the backward move's.
+        -momentum_log_ratio, log_accept_ratio, accepted, increments,
+    )
+    return first_state.position, log_weight, info
 
 
 def uha_sample(rng_key, logdensity_fn, params, *, num_leapfrog_steps=1, remat=False):

@@ -26,7 +26,7 @@ from numpyro.infer.autoguide import (
     AutoNormal,
 )
 from numpyro.infer.initialization import init_to_uniform
-from numpyro.infer.util import constrain_fn, potential_energy
+from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
 from numpyro_uha.core import (
     AnnealingInfo,
@@ -630,6 +630,80 @@ class UHAGuide(AutoContinuous):
         diagnostics possible.
         """
         return self._draws(rng_key, params, args, kwargs, sample_shape)
+
+    # --------------------------------------------------- evaluation helpers
+    def extrapolate(self, params, K: int):
+        """Carry parameters tuned at this guide's K over to ``K`` transitions (Appendix D).
+
+        Returns ``(guide, params)``: a copy of this guide with ``K`` transitions and the
+        matching params, ready for :meth:`sample_posterior` and log Z estimates (or as
+        ``init_params`` to continue training). The schedule is the piecewise-linear
+        interpolation of the tuned β (:func:`~numpyro_uha.core.interpolate_betas`), so it
+        stays strictly increasing from 0 to 1. Every step size is multiplied by
+        log(K_old + 1) / log(K + 1), the paper's rule written in its count of bridging
+        densities (K + 1 for K transitions); ``max_step_size`` is scaled by the same factor
+        so that the whole ε(β) curve scales exactly. All other parameters are unchanged.
+        """
+        import copy
+
+        from numpyro_uha.core import interpolate_betas, logits_from_betas
+
+        self._require_setup()
+        _check_int("K", K, 1)
+        factor = math.log(self.K + 1) / math.log(K + 1)
+        old = self.get_annealing_params(params)
+        new_logits = logits_from_betas(interpolate_betas(old.betas, K))
+        new = copy.copy(self)
+        new.K = K
+        new.max_step_size = self.max_step_size * factor
+        new.init_step_size = self.init_step_size * factor
+        new._jitted_draws = {}
+        new._init_values = dict(self._init_values)
+        new._init_values["beta_logits"] = new_logits
+        new._init_values["step_size"] = self._init_values["step_size"] * factor
+        new_params = dict(params)
+        logits_name = self._param_name("beta_logits")
+        if logits_name in new_params:
+            new_params[logits_name] = new_logits
+        step_name = self._param_name("step_size")
+        if step_name in new_params:
+            new_params[step_name] = jnp.asarray(params[step_name]) * factor
+        return new, new_params
+
+    def latent_from_samples(self, samples, *args, params=None, **kwargs):
+        """Flat unconstrained latents (``(..., latent_dim)``) for constrained site values.
+
+        ``samples`` maps every latent site to values with a common leading batch shape,
+        e.g. ``mcmc.get_samples()``; other keys (deterministic sites) are ignored. This
+        is the inverse of what :meth:`sample_posterior` returns, in this guide's layout.
+        """
+        self._require_setup()
+        missing = [name for name in self._init_locs if name not in samples]
+        if missing:
+            raise ValueError(
+                f"samples lack the latent site(s) {missing}; expected every latent site of "
+                f"the model: {list(self._init_locs)}."
+            )
+        first = next(iter(self._init_locs))
+        batch_shape = jnp.shape(samples[first])[: jnp.ndim(samples[first]) - jnp.ndim(self._init_locs[first])]
+        for name, init in self._init_locs.items():
+            expected = tuple(batch_shape) + jnp.shape(init)
+            if jnp.shape(samples[name]) != expected:
+                raise ValueError(
+                    f"samples['{name}'] has shape {jnp.shape(samples[name])}, expected "
+                    f"{expected} (batch shape {tuple(batch_shape)} + the site's shape)."
+                )
+        model = self._conditioned_model(self._model_params_in(params or {}))
+
+        def one(values):
+            with handlers.block():
+                unconstrained = unconstrain_fn(model, args, kwargs, values)
+            return jnp.concatenate([jnp.reshape(unconstrained[name], -1) for name in self._init_locs])
+
+        flat = {name: jnp.reshape(jnp.asarray(samples[name]), (-1,) + jnp.shape(init))
+                for name, init in self._init_locs.items()}
+        latent = jax.vmap(one)(flat)
+        return jnp.reshape(latent, tuple(batch_shape) + (self.latent_dim,))
 
     def _default_args(self, args, kwargs):
         if args or kwargs:

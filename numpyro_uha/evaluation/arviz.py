@@ -1,0 +1,325 @@
+"""ArviZ export and importance-weight diagnostics for UHA draws.
+
+UHA draws are independent (each one is a fresh run of the annealed dynamics from a fresh
+z₁ ~ q), and each carries a log importance weight log w = log p(x, z) - log q(z) of the
+augmented proposal. This module turns them into an :class:`arviz.InferenceData`, checks
+the weights with Pareto-smoothed importance sampling (PSIS), and uses them for
+self-normalized importance-weighted moments and importance resampling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from numpyro import handlers
+
+__all__ = [
+    "KHAT_BAD",
+    "KHAT_GOOD",
+    "importance_resample",
+    "khat_verdict",
+    "psis_khat",
+    "to_inference_data",
+    "weighted_moments",
+]
+
+#: Pareto k̂ below this: importance sampling estimates are reliable (finite variance).
+KHAT_GOOD = 0.5
+#: Pareto k̂ at or above this: importance-weighted estimates should not be trusted.
+KHAT_BAD = 0.7
+
+
+# ----------------------------------------------------------------------- helpers
+
+
+def _check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+def _check_log_weights(log_weights, where) -> np.ndarray:
+    """``log_weights`` as a flat float64 array; NaN and +inf raise, -inf is a zero weight."""
+    log_w = np.asarray(log_weights, dtype=np.float64).ravel()
+    if log_w.size == 0:
+        raise ValueError(f"{where}: log_weights is empty.")
+    bad = int(np.sum(np.isnan(log_w) | (log_w == np.inf)))
+    if bad:
+        raise FloatingPointError(
+            f"{where}: {bad} of {log_w.size} log weights are NaN or +inf (diverged draws); "
+            "the weights are meaningless. Retrain with a smaller step size or learning rate."
+        )
+    if not np.any(np.isfinite(log_w)):
+        raise FloatingPointError(
+            f"{where}: all {log_w.size} log weights are -inf (every draw has zero weight)."
+        )
+    return log_w
+
+
+def _check_draws(draws, where):
+    """(flat log weights, number of draws, sample_shape) of a WeightedDraws, validated."""
+    if not hasattr(draws, "samples") or not hasattr(draws, "log_weights"):
+        raise TypeError(
+            f"{where}: expected a WeightedDraws (from "
+            f"guide.sample_posterior_with_log_weights), got {type(draws).__name__}."
+        )
+    sample_shape = tuple(np.shape(draws.log_weights))
+    if len(sample_shape) == 0:
+        raise ValueError(
+            f"{where}: the draws have no sample dimension (log_weights is a scalar); draw "
+            "them with sample_shape=(num_draws,)."
+        )
+    for name, value in draws.samples.items():
+        if tuple(np.shape(value))[: len(sample_shape)] != sample_shape:
+            raise ValueError(
+                f"{where}: site '{name}' has shape {np.shape(value)}, which does not start "
+                f"with the log weights' sample shape {sample_shape}."
+            )
+    log_w = _check_log_weights(draws.log_weights, where)
+    return log_w, log_w.size, sample_shape
+
+
+def _flat_samples(draws, sample_shape, num_draws):
+    """Every site as a numpy array with one leading draw dimension."""
+    k = len(sample_shape)
+    return {
+        name: np.asarray(value).reshape((num_draws,) + tuple(np.shape(value))[k:])
+        for name, value in draws.samples.items()
+    }
+
+
+def _normalized_weights(log_w, smooth):
+    if smooth:
+        import arviz as az
+
+        log_w, _ = az.psislw(log_w.copy(), reff=1.0, normalize=True)
+    w = np.exp(log_w - np.max(log_w))
+    return w / np.sum(w)
+
+
+# ------------------------------------------------------------------------ export
+
+
+def to_inference_data(
+    guide, rng_key, params, *args, num_samples=1000, num_chains=1, draws=None, **kwargs
+):
+    """UHA draws as an :class:`arviz.InferenceData`.
+
+    Draws ``num_chains * num_samples`` draws with
+    :meth:`~numpyro_uha.UHAGuide.sample_posterior_with_log_weights` (or uses ``draws``)
+    and stores them with dimensions ``("chain", "draw", ...)``.
+
+    UHA draws are independent, so the "chains" are an arbitrary split of one set of
+    independent draws, there only because ArviZ's diagnostics expect a chain
+    dimension: R-hat is ≈ 1 by construction and the effective sample size is ≈ the
+    number of draws. Both describe the *unweighted* draws, i.e. the UHA approximation
+    itself, not how close it is to the posterior; for that, look at the importance
+    weights (``sample_stats.log_weight``, :func:`psis_khat`).
+
+    Groups:
+
+    - ``posterior``: every latent site (constrained) and deterministic site, under the
+      model's site names;
+    - ``sample_stats``: ``log_weight``, the UHA log importance weight of each draw;
+    - ``observed_data``: the observed sites' values for these model arguments (only
+      when the model has observed sites).
+
+    Args:
+        guide: a :class:`~numpyro_uha.UHAGuide` that has been set up (trained).
+        rng_key: JAX random key for the draws (unused when ``draws`` is given).
+        params: the trained parameters, e.g. ``svi_result.params``.
+        *args: the model's positional arguments (the data used in training).
+        num_samples: draws per chain.
+        num_chains: number of chains the draws are split into.
+        draws: a :class:`~numpyro_uha.WeightedDraws` to export instead of drawing new
+            ones; any sample shape whose size is a multiple of ``num_chains``. It is
+            split into ``num_chains`` chains of equal length (``num_samples`` is
+            ignored).
+        **kwargs: the model's keyword arguments.
+
+    Returns:
+        arviz.InferenceData: with groups ``posterior``, ``sample_stats`` and, where the
+        model observes data, ``observed_data``.
+
+    Raises:
+        ValueError: if ``num_samples`` or ``num_chains`` is not a positive integer, or the
+            number of ``draws`` is not divisible by ``num_chains``.
+        FloatingPointError: if a log weight is NaN or +inf.
+    """
+    import arviz as az
+
+    num_chains = _check_positive_int("num_chains", num_chains)
+    if draws is None:
+        num_samples = _check_positive_int("num_samples", num_samples)
+        draws = guide.sample_posterior_with_log_weights(
+            rng_key, params, *args, sample_shape=(num_chains * num_samples,), **kwargs
+        )
+    log_w, total, sample_shape = _check_draws(draws, "to_inference_data")
+    if total % num_chains:
+        raise ValueError(
+            f"to_inference_data: {total} draws cannot be split evenly into "
+            f"num_chains={num_chains} chains."
+        )
+    per_chain = total // num_chains
+    posterior = {
+        name: value.reshape((num_chains, per_chain) + value.shape[1:])
+        for name, value in _flat_samples(draws, sample_shape, total).items()
+    }
+    sample_stats = {"log_weight": log_w.reshape(num_chains, per_chain)}
+
+    with handlers.block():
+        model_trace = handlers.trace(handlers.seed(guide.model, 0)).get_trace(*args, **kwargs)
+    observed = {
+        name: np.asarray(site["value"])
+        for name, site in model_trace.items()
+        if site["type"] == "sample" and site["is_observed"]
+    }
+    attrs = {"inference_library": "numpyro_uha", "num_transitions": getattr(guide, "K", None)}
+    attrs = {key: value for key, value in attrs.items() if value is not None}
+    return az.from_dict(
+        posterior=posterior,
+        sample_stats=sample_stats,
+        observed_data=observed or None,
+        attrs=attrs,
+    )
+
+
+# ------------------------------------------------------------------- diagnostics
+
+
+def psis_khat(log_weights) -> float:
+    """Pareto k̂ of the importance weights (PSIS, Vehtari et al. 2024).
+
+    k̂ estimates the shape of the weights' right tail, fitted by a generalized Pareto
+    distribution; the weights have finite moments of order below 1/k̂. Thresholds
+    (see :func:`khat_verdict`):
+
+    - k̂ < 0.5 (``KHAT_GOOD``): good; the weights' variance is finite and importance
+      sampling estimates converge at the usual rate.
+    - 0.5 ≤ k̂ < 0.7: OK; estimates are usable but converge more slowly.
+    - k̂ ≥ 0.7 (``KHAT_BAD``): unreliable; importance-weighted estimates (weighted
+      moments, resampling) and the importance-weighted log Z bound should not be
+      trusted. The proposal misses part of the posterior.
+
+    UHA draws are independent, so no MCMC efficiency correction is applied (r_eff = 1).
+
+    Args:
+        log_weights: log importance weights, any shape (flattened); -inf is a zero
+            weight.
+
+    Returns:
+        float: k̂. It is ``inf`` when there are too few draws for the tail fit (ArviZ
+        needs more than 4 draws in the tail, about 25 draws in all), and ``-inf`` when
+        all weights are equal (no tail at all; a perfect proposal).
+
+    Raises:
+        FloatingPointError: if a log weight is NaN or +inf, or all are -inf.
+        ValueError: if ``log_weights`` is empty.
+    """
+    import arviz as az
+
+    log_w = _check_log_weights(log_weights, "psis_khat")
+    finite = log_w[np.isfinite(log_w)]
+    if np.all(finite == finite[0]) and finite.size == log_w.size:
+        return -math.inf
+    _, k = az.psislw(log_w.copy(), reff=1.0)
+    return float(k)
+
+
+def khat_verdict(k) -> str:
+    """Classify a Pareto k̂ as ``"good"``, ``"ok"`` or ``"bad"``.
+
+    Args:
+        k: a Pareto k̂, e.g. from :func:`psis_khat`.
+
+    Returns:
+        str: ``"good"`` if k̂ < ``KHAT_GOOD`` (0.5), ``"ok"`` if k̂ < ``KHAT_BAD``
+        (0.7), otherwise ``"bad"`` (including ``inf``).
+
+    Raises:
+        ValueError: if ``k`` is not a real number or is NaN.
+    """
+    if isinstance(k, (bool, str, bytes)) or np.ndim(k) != 0:
+        raise ValueError(f"khat_verdict: k must be a real number, got {k!r}.")
+    k = float(k)
+    if math.isnan(k):
+        raise ValueError("khat_verdict: k is NaN.")
+    if k < KHAT_GOOD:
+        return "good"
+    if k < KHAT_BAD:
+        return "ok"
+    return "bad"
+
+
+# --------------------------------------------------------- weighted estimates
+
+
+def weighted_moments(draws, smooth=False) -> dict:
+    """Self-normalized importance-weighted mean and standard deviation of every site.
+
+    With normalized weights w̃_i ∝ exp(log w_i), mean = Σ w̃_i x_i and
+    std = sqrt(Σ w̃_i (x_i - mean)²), elementwise. These are consistent for the
+    posterior moments as the number of draws grows (biased for finite draws), provided
+    the weights are not too heavy-tailed (check :func:`psis_khat`). The weights are
+    shifted by their maximum before exponentiating, so large log weights do not
+    overflow.
+
+    Args:
+        draws: a :class:`~numpyro_uha.WeightedDraws` from
+            :meth:`~numpyro_uha.UHAGuide.sample_posterior_with_log_weights` (any
+            sample shape; all sample dimensions are pooled).
+        smooth: use PSIS-smoothed weights (``arviz.psislw``), which reduces the variance
+            of the estimates when a few weights dominate.
+
+    Returns:
+        dict: site name -> ``(mean, std)``, numpy arrays of the site's shape.
+
+    Raises:
+        TypeError: if ``draws`` is not a WeightedDraws.
+        ValueError: if a site's leading shape does not match the log weights' shape.
+        FloatingPointError: if a log weight is NaN or +inf, or all are -inf.
+    """
+    log_w, n, sample_shape = _check_draws(draws, "weighted_moments")
+    w = _normalized_weights(log_w, smooth)
+    out = {}
+    for name, x in _flat_samples(draws, sample_shape, n).items():
+        x = x.astype(np.float64)
+        wb = w.reshape((n,) + (1,) * (x.ndim - 1))
+        mean = np.sum(wb * x, axis=0)
+        var = np.sum(wb * (x - mean) ** 2, axis=0)
+        out[name] = (mean, np.sqrt(var))
+    return out
+
+
+def importance_resample(rng_key, draws, num_samples=None) -> dict:
+    """Resample draws with replacement, with probabilities proportional to their weights.
+
+    Multinomial resampling turns the weighted UHA draws into (approximately) posterior
+    draws: the resampled set is consistent for the posterior as the number of input
+    draws grows. Resampled draws repeat input draws, so they are not independent; with
+    heavy-tailed weights (large :func:`psis_khat`) a few draws are repeated many times.
+
+    Args:
+        rng_key: JAX random key.
+        draws: a :class:`~numpyro_uha.WeightedDraws` (any sample shape; pooled).
+        num_samples: number of draws to return; defaults to the number of input draws.
+
+    Returns:
+        dict: site name -> numpy array with leading dimension ``num_samples``, every
+        entry a copy of one of the input draws.
+
+    Raises:
+        TypeError: if ``draws`` is not a WeightedDraws.
+        ValueError: if ``num_samples`` is not a positive integer, or a site's leading
+            shape does not match the log weights' shape.
+        FloatingPointError: if a log weight is NaN or +inf, or all are -inf.
+    """
+    log_w, n, sample_shape = _check_draws(draws, "importance_resample")
+    num_samples = n if num_samples is None else _check_positive_int("num_samples", num_samples)
+    # Gumbel-max categorical draws on the log weights: exact, and -inf means never picked.
+    index = np.asarray(
+        jax.random.categorical(rng_key, log_w - np.max(log_w), shape=(num_samples,))
+    )
+    return {name: x[index] for name, x in _flat_samples(draws, sample_shape, n).items()}

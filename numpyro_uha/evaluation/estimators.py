@@ -1,0 +1,460 @@
+"""log Z estimators built on the annealing chains: UHA, Hamiltonian AIS, the reverse bound.
+
+Two layers with the same estimators:
+
+* ``annealed_*`` functions take a ``logdensity_fn`` over a flat ``z`` and
+  :class:`~numpyro_uha.core.AnnealingParams`: they work for any JAX log density;
+* :func:`log_z`, :func:`hais` and :func:`sandwich` take a trained
+  :class:`~numpyro_uha.UHAGuide`, its params and the model's arguments.
+
+Every estimate is computed from independent chains, vectorized ``batch_size`` at a time
+under one ``jit``; non-finite log weights raise :class:`FloatingPointError`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from numpyro_uha.core import (
+    AnnealingParams,
+    annealed_sample,
+    make_params,
+    reverse_annealed_sample,
+)
+from numpyro_uha.evaluation.logz import LogZEstimate, log_z_from_weights
+
+__all__ = [
+    "HAISResult",
+    "HAISGridResult",
+    "LogZSandwich",
+    "annealed_log_z",
+    "annealed_hais",
+    "annealed_sandwich",
+    "hais_grid_search",
+    "log_z",
+    "hais",
+    "sandwich",
+    "extrapolate",
+]
+
+
+class HAISResult(NamedTuple):
+    """Hamiltonian AIS (Metropolis-corrected annealing) with given parameters.
+
+    Attributes:
+        log_z: :class:`LogZEstimate` of the HAIS log weights. ``exp`` of each weight is an
+            unbiased estimate of Z, so ``log_z.iw`` is consistent and ``log_z.elbo`` is
+            the (non-differentiable) HAIS lower bound the paper compares UHA against.
+        acceptance_rate: fraction of accepted proposals at each transition, ``(K,)``.
+        log_weights: the N log weights.
+        params: the :class:`~numpyro_uha.core.AnnealingParams` used.
+    """
+
+    log_z: LogZEstimate
+    acceptance_rate: np.ndarray
+    log_weights: np.ndarray
+    params: AnnealingParams
+
+    @property
+    def mean_acceptance(self) -> float:
+        """Acceptance rate averaged over transitions."""
+        return float(np.mean(self.acceptance_rate))
+
+    def __str__(self) -> str:
+        rates = self.acceptance_rate
+        return (
+            f"HAIS {self.log_z} | acceptance mean {rates.mean():.3f} "
+            f"(min {rates.min():.3f}, max {rates.max():.3f})"
+        )
+
+
+class HAISGridResult(NamedTuple):
+    """The paper's Hamiltonian AIS baseline: the best of a grid over (ε, η).
+
+    Attributes:
+        best: :class:`HAISResult` of the best grid point (highest ELBO), re-run on fresh
+            chains so its estimate is not biased upwards by the selection.
+        table: one dict per grid point with ``damping``, ``target_rejection``,
+            ``step_size``, ``rejection`` (achieved in the pilot), ``elbo``, ``elbo_se``,
+            ``iw``, ``iw_se`` from the selection run.
+    """
+
+    best: HAISResult
+    table: list
+
+
+class LogZSandwich(NamedTuple):
+    """Lower and upper stochastic bounds on log Z from the same annealing parameters.
+
+    Attributes:
+        lower: :class:`LogZEstimate` of forward chains started from q: ``lower.elbo`` and
+            ``lower.iw`` are lower bounds in expectation.
+        upper: mean of the reverse-chain log weights, an upper bound on log Z in
+            expectation *if the starting draws are exact posterior draws*.
+        upper_se: its Monte Carlo standard error.
+        upper_iw: −log mean(1/w) of the reverse weights, a tighter upper bound under the
+            same assumption (Jensen on the unbiased estimate of 1/Z).
+        upper_iw_se: delta-method standard error of ``upper_iw``.
+        num_reverse: number of reverse chains (posterior draws used).
+    """
+
+    lower: LogZEstimate
+    upper: float
+    upper_se: float
+    upper_iw: float
+    upper_iw_se: float
+    num_reverse: int
+
+    @property
+    def gap(self) -> float:
+        """``upper_iw - lower.iw``: the width of the sandwich (≥ 0 in expectation)."""
+        return self.upper_iw - self.lower.iw
+
+    def __str__(self) -> str:
+        return (
+            f"log Z in [{self.lower.iw:.4f} ± {self.lower.iw_se:.4f}, "
+            f"{self.upper_iw:.4f} ± {self.upper_iw_se:.4f}] (IW bounds); "
+            f"ELBO {self.lower.elbo:.4f} ± {self.lower.elbo_se:.4f}, "
+            f"reverse bound {self.upper:.4f} ± {self.upper_se:.4f}"
+        )
+
+
+# ------------------------------------------------------------------ chains
+def _chain_runner(logdensity_fn, num_draws, *, corrected, reverse, num_leapfrog_steps, batch_size):
+    """A jitted ``run(rng_key, params, positions) -> (log_w, accepted, final_z)``.
+
+    ``params`` is traced, so one compilation serves every parameter value (grid search).
+    """
+
+    def run(rng_key, params, positions):
+        keys = jax.random.split(rng_key, num_draws)
+
+        def one(inputs):
+            key, position = inputs
+            if reverse:
+                z, log_w, info = reverse_annealed_sample(
+                    key, logdensity_fn, params, position,
+                    num_leapfrog_steps=num_leapfrog_steps, corrected=corrected,
+                )
+            else:
+                z, log_w, info = annealed_sample(
+                    key, logdensity_fn, params,
+                    num_leapfrog_steps=num_leapfrog_steps, corrected=corrected,
+                )
+            return log_w, info.accepted, z
+
+        return jax.lax.map(one, (keys, positions), batch_size=min(batch_size, num_draws))
+
+    return jax.jit(run)
+
+
+def _check_num_draws(num_draws):
+    if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 2:
+        raise ValueError(f"num_draws must be an integer ≥ 2, got {num_draws!r}.")
+    return int(num_draws)
+
+
+def _forward(rng_key, logdensity_fn, params, num_draws, corrected, num_leapfrog_steps, batch_size):
+    num_draws = _check_num_draws(num_draws)
+    run = _chain_runner(
+        logdensity_fn, num_draws, corrected=corrected, reverse=False,
+        num_leapfrog_steps=num_leapfrog_steps, batch_size=batch_size,
+    )
+    log_w, accepted, _ = run(rng_key, params, jnp.zeros(num_draws))
+    return np.asarray(log_w, np.float64), np.asarray(accepted)
+
+
+def annealed_log_z(
+    rng_key,
+    logdensity_fn: Callable,
+    params: AnnealingParams,
+    num_draws: int = 1000,
+    *,
+    corrected: bool = False,
+    num_leapfrog_steps: int = 1,
+    batch_size: int = 1024,
+) -> LogZEstimate:
+    """ELBO and importance-weighted log Z, with standard errors, from ``num_draws`` chains.
+
+    Args:
+        rng_key: JAX PRNG key.
+        logdensity_fn: z ↦ log p̄(z) over a flat ``z``.
+        params: :class:`~numpyro_uha.core.AnnealingParams` (e.g. from
+            ``guide.get_annealing_params(params)`` or :func:`~numpyro_uha.core.make_params`).
+        num_draws: independent chains (≥ 2).
+        corrected: use Hamiltonian AIS weights instead of UHA's (see :func:`annealed_hais`
+            for acceptance rates).
+        num_leapfrog_steps: L per transition.
+        batch_size: chains computed together.
+    """
+    log_w, _ = _forward(rng_key, logdensity_fn, params, num_draws, corrected, num_leapfrog_steps, batch_size)
+    return log_z_from_weights(log_w, int(params.betas.shape[0]))
+
+
+def annealed_hais(
+    rng_key,
+    logdensity_fn: Callable,
+    params: AnnealingParams,
+    num_draws: int = 1000,
+    *,
+    num_leapfrog_steps: int = 1,
+    batch_size: int = 1024,
+) -> HAISResult:
+    """Hamiltonian AIS (paper Algorithms 1 and 6) with the given parameters.
+
+    The same schedule, bridges, integrator, step sizes, damping and momentum as UHA, with
+    a Metropolis accept/reject step closing each transition. Its weights are unbiased for
+    Z but not differentiable, so these parameters are *not* tuned for it: pass a UHA
+    guide's (via :func:`hais`) to see what correction costs, or use
+    :func:`hais_grid_search` for the paper's tuned baseline.
+    """
+    params = jax.tree.map(jnp.asarray, params)
+    log_w, accepted = _forward(rng_key, logdensity_fn, params, num_draws, True, num_leapfrog_steps, batch_size)
+    return HAISResult(
+        log_z=log_z_from_weights(log_w, int(params.betas.shape[0])),
+        acceptance_rate=accepted.mean(axis=0),
+        log_weights=log_w,
+        params=params,
+    )
+
+
+def hais_grid_search(
+    rng_key,
+    logdensity_fn: Callable,
+    loc,
+    scale,
+    num_transitions: int,
+    *,
+    dampings=(0.5, 0.9, 0.99),
+    rejection_rates=(0.05, 0.25, 0.5),
+    num_draws: int = 1000,
+    num_pilot: int = 256,
+    momentum_scale=None,
+    num_leapfrog_steps: int = 1,
+    batch_size: int = 1024,
+) -> HAISGridResult:
+    """The paper's Hamiltonian AIS baseline (Section 5, "Baselines").
+
+    q = N(``loc``, ``scale``) (e.g. a plain-VI fit), the linear schedule, one step size ε
+    for every transition and, by default, a standard Gaussian momentum. For every damping
+    η in ``dampings`` and every target rejection rate r in ``rejection_rates``, ε is set by
+    bisection on log ε so that the mean rejection rate of ``num_pilot`` pilot chains is r
+    (common random numbers across the bisection); each of the grid points is then scored
+    by the ELBO of ``num_draws`` chains, and the best is re-run on fresh chains.
+    """
+    num_transitions = int(num_transitions)
+    if num_transitions < 1:
+        raise ValueError(f"num_transitions must be ≥ 1, got {num_transitions}.")
+    bad = [r for r in rejection_rates if not 0 < r < 1]
+    if bad:
+        raise ValueError(f"rejection_rates must lie in (0, 1), got {bad}.")
+    bad = [eta for eta in dampings if not 0 <= eta < 1]
+    if bad:
+        raise ValueError(f"dampings (η) must lie in [0, 1), got {bad}.")
+    num_draws = _check_num_draws(num_draws)
+    key_pilot, key_score, key_final = jax.random.split(rng_key, 3)
+    base = make_params(loc, scale, num_transitions=num_transitions, momentum_scale=momentum_scale)
+    options = dict(corrected=True, reverse=False, num_leapfrog_steps=num_leapfrog_steps, batch_size=batch_size)
+    pilot = _chain_runner(logdensity_fn, num_pilot, **options)
+    score = _chain_runner(logdensity_fn, num_draws, **options)
+
+    def with_eps(eta, eps):
+        return base._replace(
+            damping=jnp.asarray(eta, base.loc.dtype),
+            step_sizes=jnp.full_like(base.betas, eps),
+        )
+
+    def rejection(eta, log_eps):
+        _, accepted, _ = pilot(key_pilot, with_eps(eta, math.exp(log_eps)), jnp.zeros(num_pilot))
+        return 1.0 - float(np.mean(accepted))
+
+    table = []
+    for eta in dampings:
+        for target in rejection_rates:
+            lo, hi = math.log(1e-4), math.log(10.0)
+            if rejection(eta, hi) < target:
+                lo = hi
+            elif rejection(eta, lo) > target:
+                hi = lo
+            for _ in range(14 if lo < hi else 0):
+                mid = 0.5 * (lo + hi)
+                if rejection(eta, mid) < target:
+                    lo = mid
+                else:
+                    hi = mid
+            eps = math.exp(0.5 * (lo + hi))
+            log_w, _, _ = score(key_score, with_eps(eta, eps), jnp.zeros(num_draws))
+            log_w = np.asarray(log_w, np.float64)
+            finite = bool(np.all(np.isfinite(log_w)))
+            est = log_z_from_weights(log_w, num_transitions) if finite else None
+            table.append(dict(
+                damping=float(eta),
+                target_rejection=float(target),
+                step_size=eps,
+                rejection=rejection(eta, math.log(eps)),
+                elbo=est.elbo if finite else -math.inf,
+                elbo_se=est.elbo_se if finite else math.inf,
+                iw=est.iw if finite else -math.inf,
+                iw_se=est.iw_se if finite else math.inf,
+            ))
+    best_row = max(table, key=lambda row: row["elbo"])
+    if not math.isfinite(best_row["elbo"]):
+        raise FloatingPointError("hais_grid_search: every grid point gave non-finite log weights.")
+    best = annealed_hais(
+        key_final, logdensity_fn, with_eps(best_row["damping"], best_row["step_size"]),
+        num_draws, num_leapfrog_steps=num_leapfrog_steps, batch_size=batch_size,
+    )
+    return HAISGridResult(best=best, table=table)
+
+
+def annealed_sandwich(
+    rng_key,
+    logdensity_fn: Callable,
+    params: AnnealingParams,
+    posterior_positions,
+    *,
+    num_draws: int | None = None,
+    corrected: bool = False,
+    num_leapfrog_steps: int = 1,
+    batch_size: int = 1024,
+) -> LogZSandwich:
+    """Bracket log Z between forward (from q) and reverse (from the posterior) chains.
+
+    The reverse chains (Grosse et al., 2015, "Sandwiching the marginal likelihood using
+    bidirectional Monte Carlo") start at ``posterior_positions``, run the annealing
+    backwards to q (:func:`~numpyro_uha.core.reverse_annealed_sample`), and their weights
+    give stochastic *upper* bounds on log Z.
+
+    **Assumption**: the rows of ``posterior_positions`` (shape ``(N, d)``, in the same
+    space as ``logdensity_fn``) are exact, independent posterior draws. Long, converged
+    NUTS runs come close; with biased or correlated draws the "upper" bound can fall
+    below log Z, and a crossing of the bounds is the symptom.
+
+    Args:
+        num_draws: forward chains for the lower bound (default: as many as positions).
+        corrected: bracket with the Hamiltonian AIS weights instead of UHA's.
+    """
+    positions = jnp.asarray(posterior_positions)
+    if positions.ndim != 2 or positions.shape[1] != params.loc.shape[-1]:
+        raise ValueError(
+            f"posterior_positions must have shape (N, {params.loc.shape[-1]}), got {positions.shape}."
+        )
+    num_reverse = _check_num_draws(positions.shape[0])
+    if not bool(jnp.all(jnp.isfinite(positions))):
+        raise ValueError("posterior_positions contain NaN or inf values.")
+    num_draws = num_reverse if num_draws is None else num_draws
+    key_forward, key_reverse = jax.random.split(rng_key)
+    log_w, _ = _forward(key_forward, logdensity_fn, params, num_draws, corrected, num_leapfrog_steps, batch_size)
+    num_transitions = int(params.betas.shape[0])
+    lower = log_z_from_weights(log_w, num_transitions)
+    run = _chain_runner(
+        logdensity_fn, num_reverse, corrected=corrected, reverse=True,
+        num_leapfrog_steps=num_leapfrog_steps, batch_size=batch_size,
+    )
+    reverse_log_w, _, _ = run(key_reverse, params, positions.astype(params.loc.dtype))
+    reverse_log_w = np.asarray(reverse_log_w, np.float64)
+    # -log w estimates -log Z from below; reuse the lower-bound summary on its negation.
+    flipped = log_z_from_weights(-reverse_log_w, num_transitions)
+    return LogZSandwich(
+        lower=lower,
+        upper=-flipped.elbo,
+        upper_se=flipped.elbo_se,
+        upper_iw=-flipped.iw,
+        upper_iw_se=flipped.iw_se,
+        num_reverse=num_reverse,
+    )
+
+
+# ------------------------------------------------------------ guide level
+def _guide_target(guide, params, args, kwargs):
+    from numpyro_uha.guide import UHAGuide
+
+    if not isinstance(guide, UHAGuide):
+        raise TypeError(f"expected a UHAGuide, got {type(guide).__name__}.")
+    guide._require_setup()
+    return guide.get_logdensity_fn(params, *args, **kwargs), guide.get_annealing_params(params)
+
+
+def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int | None = None, **kwargs) -> LogZEstimate:
+    """log Z estimates of a trained :class:`~numpyro_uha.UHAGuide`.
+
+    Runs ``num_draws`` UHA chains on the model with ``*args, **kwargs`` (the data it was
+    trained on) and returns the ELBO (mean log weight) and the importance-weighted bound
+    log (1/N) Σ w_i, each with a standard error, the effective sample size of the
+    weights, N and K.
+
+    Example::
+
+        est = log_z(guide, random.PRNGKey(1), svi_result.params, X, y, num_draws=10_000)
+        print(est)  # ELBO -111.8 ± 0.02 | IW log Z -108.9 ± 0.05 | ESS ...
+    """
+    logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
+    return annealed_log_z(
+        rng_key, logdensity_fn, annealing, num_draws,
+        num_leapfrog_steps=guide.num_leapfrog_steps,
+        batch_size=batch_size or guide.sample_batch_size,
+    )
+
+
+def hais(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int | None = None, **kwargs) -> HAISResult:
+    """Hamiltonian AIS with a trained guide's parameters (schedule, ε, η, Σ, q, bridges).
+
+    Returns a :class:`HAISResult` with per-transition acceptance rates. UHA's parameters
+    were tuned for the uncorrected dynamics: a low acceptance rate says UHA relies on
+    steps an exact sampler would reject (large ε), which its own weights account for.
+    """
+    logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
+    return annealed_hais(
+        rng_key, logdensity_fn, annealing, num_draws,
+        num_leapfrog_steps=guide.num_leapfrog_steps,
+        batch_size=batch_size or guide.sample_batch_size,
+    )
+
+
+def sandwich(
+    guide,
+    rng_key,
+    params,
+    posterior_samples: dict,
+    *args,
+    num_draws: int | None = None,
+    corrected: bool = False,
+    batch_size: int | None = None,
+    **kwargs,
+) -> LogZSandwich:
+    """[lower, upper] bounds on log Z from a trained guide and exact posterior draws.
+
+    ``posterior_samples`` maps every latent site to constrained values with one leading
+    draw dimension, e.g. ``mcmc.get_samples()`` from a long NUTS run. The upper bound
+    assumes these are exact posterior draws (see :func:`annealed_sandwich`).
+    """
+    logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
+    positions = guide.latent_from_samples(posterior_samples, *args, params=params, **kwargs)
+    if positions.ndim != 2:
+        raise ValueError(
+            "posterior_samples must have exactly one leading draw dimension; got latent "
+            f"shape {positions.shape}. Flatten chains first (mcmc.get_samples() does)."
+        )
+    return annealed_sandwich(
+        rng_key, logdensity_fn, annealing, positions,
+        num_draws=num_draws, corrected=corrected,
+        num_leapfrog_steps=guide.num_leapfrog_steps,
+        batch_size=batch_size or guide.sample_batch_size,
+    )
+
+
+def extrapolate(guide, params, K: int):
+    """Appendix D: a guide and params with ``K`` transitions from ones tuned at another K.
+
+    See :meth:`numpyro_uha.UHAGuide.extrapolate`. Typical use: train at K = 64, then
+    estimate log Z at K = 256::
+
+        guide256, params256 = extrapolate(guide, result.params, 256)
+        print(log_z(guide256, key, params256, X, y))
+    """
+    return guide.extrapolate(params, K)

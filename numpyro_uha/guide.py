@@ -631,6 +631,16 @@ class UHAGuide(AutoContinuous):
         """
         return self._draws(rng_key, params, args, kwargs, sample_shape)
 
+    @property
+    def initial_q(self):
+        """``(loc, scale)`` of q before SVI: the plain-VI warm start (or ``init_from``).
+
+        This is the paper's starting point for every method, e.g. for
+        :func:`~numpyro_uha.evaluation.hais_grid_search`.
+        """
+        self._require_setup()
+        return self._init_values["loc"], self._init_values["scale"]
+
     # --------------------------------------------------- evaluation helpers
     def extrapolate(self, params, K: int):
         """Carry parameters tuned at this guide's K over to ``K`` transitions (Appendix D).
@@ -684,10 +694,13 @@ class UHAGuide(AutoContinuous):
                 f"samples lack the latent site(s) {missing}; expected every latent site of "
                 f"the model: {list(self._init_locs)}."
             )
+        # Constrained shapes (a Dirichlet's simplex has one more entry than its
+        # unconstrained coordinates), from the model's trace at setup.
+        shapes = {name: jnp.shape(self.prototype_trace[name]["value"]) for name in self._init_locs}
         first = next(iter(self._init_locs))
-        batch_shape = jnp.shape(samples[first])[: jnp.ndim(samples[first]) - jnp.ndim(self._init_locs[first])]
-        for name, init in self._init_locs.items():
-            expected = tuple(batch_shape) + jnp.shape(init)
+        batch_shape = jnp.shape(samples[first])[: jnp.ndim(samples[first]) - len(shapes[first])]
+        for name, shape in shapes.items():
+            expected = tuple(batch_shape) + shape
             if jnp.shape(samples[name]) != expected:
                 raise ValueError(
                     f"samples['{name}'] has shape {jnp.shape(samples[name])}, expected "
@@ -700,8 +713,8 @@ class UHAGuide(AutoContinuous):
                 unconstrained = unconstrain_fn(model, args, kwargs, values)
             return jnp.concatenate([jnp.reshape(unconstrained[name], -1) for name in self._init_locs])
 
-        flat = {name: jnp.reshape(jnp.asarray(samples[name]), (-1,) + jnp.shape(init))
-                for name, init in self._init_locs.items()}
+        flat = {name: jnp.reshape(jnp.asarray(samples[name]), (-1,) + shape)
+                for name, shape in shapes.items()}
         latent = jax.vmap(one)(flat)
         return jnp.reshape(latent, tuple(batch_shape) + (self.latent_dim,))
 

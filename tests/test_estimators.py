@@ -171,6 +171,22 @@ def test_latent_from_samples_inverts_sample_posterior():
     np.testing.assert_allclose(latent, draws.latent, rtol=1e-4, atol=1e-5)
 
 
+def test_latent_from_samples_handles_constrained_shapes():
+    """A simplex has one more entry than its unconstrained coordinates."""
+    def simplex_model(counts):
+        probs = numpyro.sample("probs", dist.Dirichlet(jnp.ones(3)))
+        numpyro.sample("counts", dist.Multinomial(total_count=10, probs=probs), obs=counts)
+
+    counts = jnp.array([2.0, 3.0, 5.0])
+    guide = UHAGuide(simplex_model, K=2, warm_start_steps=0)
+    svi = SVI(simplex_model, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), counts))
+    draws = guide.sample_posterior_with_log_weights(jax.random.PRNGKey(1), params, counts, sample_shape=(5,))
+    assert draws.samples["probs"].shape == (5, 3) and draws.latent.shape == (5, 2)
+    latent = guide.latent_from_samples(draws.samples, counts, params=params)
+    np.testing.assert_allclose(latent, draws.latent, rtol=1e-4, atol=1e-5)
+
+
 def test_grid_search_hits_rejection_targets_and_picks_the_best():
     mean, sd = posterior_moments()
     result = hais_grid_search(

@@ -1,9 +1,19 @@
-"""Evaluation layer: log Z estimates, Hamiltonian AIS, the log Z sandwich, K extrapolation.
+"""Evaluation layer: log Z estimates, Hamiltonian AIS, the log Z sandwich, K extrapolation,
+ArviZ export with PSIS k̂, and moment comparisons against NUTS.
 
 Guide-level functions take a trained :class:`~numpyro_uha.UHAGuide`; the ``annealed_*``
 functions and :func:`hais_grid_search` work on any JAX log density.
 """
 
+from numpyro_uha.evaluation.arviz import (
+    KHAT_BAD,
+    KHAT_GOOD,
+    importance_resample,
+    khat_verdict,
+    psis_khat,
+    to_inference_data,
+    weighted_moments,
+)
 from numpyro_uha.evaluation.estimators import (
     HAISGridResult,
     HAISResult,
@@ -18,8 +28,19 @@ from numpyro_uha.evaluation.estimators import (
     sandwich,
 )
 from numpyro_uha.evaluation.logz import LogZEstimate, guide_log_weights, log_z_from_weights
+from numpyro_uha.evaluation.nuts import NUTSComparison, compare_with_nuts, plot_nuts_comparison
 
 __all__ = [
+    "KHAT_BAD",
+    "KHAT_GOOD",
+    "NUTSComparison",
+    "compare_with_nuts",
+    "importance_resample",
+    "khat_verdict",
+    "plot_nuts_comparison",
+    "psis_khat",
+    "to_inference_data",
+    "weighted_moments",
     "HAISGridResult",
     "HAISResult",
     "LogZEstimate",

@@ -60,7 +60,7 @@ def environment() -> dict:
 
 
 def write_results(name: str, payload: dict, table_md: str) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / name).parent.mkdir(parents=True, exist_ok=True)
     env = environment()
     payload = {"environment": env, **payload}
     (RESULTS_DIR / f"{name}.json").write_text(json.dumps(payload, indent=2))

@@ -18,7 +18,7 @@ import jax
 import optax
 from numpyro.infer import MCMC, NUTS, SVI, Trace_ELBO
 
-from benchmarks.common import write_results
+from benchmarks.common import RESULTS_DIR, write_results
 from numpyro_uha import UHAGuide
 from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
 from numpyro_uha.evaluation import (
@@ -107,7 +107,9 @@ def main(argv=None):
     print(f"vs NUTS: mean MAE {comparison.mean_mae:.4f}, std MAE {comparison.std_mae:.4f}, "
           f"cov MAE {comparison.cov_mae:.5f}", flush=True)
     figure = plot_nuts_comparison(comparison)
-    figure.savefig(f"benchmarks/results/{name}_moments.png", dpi=110, bbox_inches="tight")
+    figure_path = RESULTS_DIR / f"{name}_moments.png"
+    figure_path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(figure_path, dpi=110, bbox_inches="tight")
 
     # Thin the NUTS chain to nearly independent draws for the reverse (upper) bound.
     thin = max(1, args.nuts_samples // args.sandwich_draws)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -14,6 +15,12 @@ import jax
 from numpyro_uha.evaluation import log_z_from_weights
 
 RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def results_dir() -> Path:
+    """Where results go: ``$NUMPYRO_UHA_RESULTS_DIR`` if set (the smoke tests use a
+    temporary directory), else ``benchmarks/results``."""
+    return Path(os.environ.get("NUMPYRO_UHA_RESULTS_DIR") or RESULTS_DIR)
 
 
 def summarize(log_weights, num_transitions=None):
@@ -60,16 +67,17 @@ def environment() -> dict:
 
 
 def write_results(name: str, payload: dict, table_md: str) -> Path:
-    (RESULTS_DIR / name).parent.mkdir(parents=True, exist_ok=True)
+    out = results_dir()
+    (out / name).parent.mkdir(parents=True, exist_ok=True)
     env = environment()
     payload = {"environment": env, **payload}
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(payload, indent=2))
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2))
     header = (
         f"# {name}\n\nCommand: `{env['command']}`  \nMachine: {env['machine']} "
         f"({env['cpu_count']} cores), Python {env['python']}  \nVersions: "
         + ", ".join(f"{k} {v}" for k, v in env["versions"].items())
         + f"  \nCommit: {env['git_commit']}, {env['date']}\n\n"
     )
-    path = RESULTS_DIR / f"{name}.md"
+    path = out / f"{name}.md"
     path.write_text(header + table_md + "\n")
     return path

@@ -18,7 +18,7 @@ import jax
 import optax
 from numpyro.infer import MCMC, NUTS, SVI, Trace_ELBO
 
-from benchmarks.common import RESULTS_DIR, write_results
+from benchmarks.common import results_dir, write_results
 from numpyro_uha import UHAGuide
 from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
 from numpyro_uha.evaluation import (
@@ -52,9 +52,15 @@ def main(argv=None):
     parser.add_argument("--nuts-samples", type=int, default=20_000)
     parser.add_argument("--sandwich-draws", type=int, default=2000)
     parser.add_argument("--grid-draws", type=int, default=1000)
+    parser.add_argument("--grid-pilot", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     parser.add_argument("--name", default=None)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.K, args.K_extrapolate, args.steps, args.num_draws = 2, 4, 10, 100
+        args.nuts_warmup, args.nuts_samples, args.sandwich_draws = 50, 100, 50
+        args.grid_draws, args.grid_pilot = 50, 16
     name = args.name or f"evaluation_{args.dataset}_K{args.K}"
     key = jax.random.PRNGKey(args.seed)
     keys = iter(jax.random.split(key, 16))
@@ -62,7 +68,7 @@ def main(argv=None):
     X, y = load_logistic_regression(args.dataset, args.data_dir)
     model = logistic_regression_model
     out = {"settings": vars(args)}
-    guide = UHAGuide(model, K=args.K)
+    guide = UHAGuide(model, K=args.K, warm_start_steps=50 if args.smoke else 1000)
     svi = SVI(model, guide, optax.adam(args.lr), Trace_ELBO(num_particles=args.num_particles))
     t0 = time.perf_counter()
     result = svi.run(next(keys), args.steps, X, y, progress_bar=False)
@@ -85,7 +91,7 @@ def main(argv=None):
     q_loc, q_scale = guide.initial_q
     t0 = time.perf_counter()
     grid = hais_grid_search(next(keys), guide.get_logdensity_fn(params, X, y), q_loc, q_scale,
-                            args.K, num_draws=args.grid_draws)
+                            args.K, num_draws=args.grid_draws, num_pilot=args.grid_pilot)
     out["hais_grid"] = {**_est(grid.best.log_z), "mean_acceptance": grid.best.mean_acceptance,
                         "table": grid.table, "seconds": time.perf_counter() - t0}
     print("HAIS (grid search)", grid.best, flush=True)
@@ -107,7 +113,7 @@ def main(argv=None):
     print(f"vs NUTS: mean MAE {comparison.mean_mae:.4f}, std MAE {comparison.std_mae:.4f}, "
           f"cov MAE {comparison.cov_mae:.5f}", flush=True)
     figure = plot_nuts_comparison(comparison)
-    figure_path = RESULTS_DIR / f"{name}_moments.png"
+    figure_path = results_dir() / f"{name}_moments.png"
     figure_path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(figure_path, dpi=110, bbox_inches="tight")
 
@@ -146,6 +152,7 @@ def main(argv=None):
     )
     path = write_results(name, out, table)
     print(f"wrote {path}")
+    return out
 
 
 if __name__ == "__main__":

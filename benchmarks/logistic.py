@@ -25,7 +25,7 @@ import optax
 from numpyro.infer import SVI, RenyiELBO, Trace_ELBO
 from numpyro.infer.autoguide import AutoDAIS, AutoDiagonalNormal
 
-from benchmarks.common import RESULTS_DIR, summarize, write_results
+from benchmarks.common import results_dir, summarize, write_results
 from numpyro_uha import GROUPS, UHAGuide
 from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
 from numpyro_uha.evaluation import extrapolate, guide_log_weights, hais_grid_search
@@ -183,7 +183,7 @@ def main(argv=None):
     for name in args.datasets:
         run_dataset(name, args, rows)
     summary = summarize_rows(rows)
-    plot_path = RESULTS_DIR / f"{args.name}.png"
+    plot_path = results_dir() / f"{args.name}.png"
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot(summary, args.datasets, plot_path)
 

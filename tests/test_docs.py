@@ -1,0 +1,297 @@
+"""The documentation builds, and every Python example in it runs.
+
+* ``mkdocs build --strict`` fails on a broken link, a missing page, a broken snippet
+  include or an API reference (``::: numpyro_uha...`` or a cross-reference in a docstring)
+  that no longer resolves.
+* Every ```` ```python ```` block of ``README.md`` and ``docs/**/*.md`` is executed, page
+  by page: a page's blocks run in order in one fresh namespace, like a doctest session.
+  A block right after ``<!-- skip-test -->`` is not run (for the rare sketch that cannot
+  run on its own); everything else must. A page whose examples are exactly those of a page
+  run before it (the home page repeats the README's) is not run twice.
+* The README's two set-up commands are the CI command and the demo command.
+
+The examples use small models and step counts, and JAX compilation dominates their run
+time. So the pages run in two helper processes (one import of JAX each, in parallel) with
+XLA's backend optimizations off and a persistent compilation cache shared by the pages;
+neither changes what the examples compute beyond floating-point rounding. Each page still
+gets a fresh namespace, and its test reports its own failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import selectors
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+SKIP_MARKER = "<!-- skip-test -->"
+PAGE_TIMEOUT_S = 300
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+def _located_blocks(text: str, lang: str) -> list[tuple[int, str]]:
+    """``(first line number, body)`` of each ``lang`` code block of Markdown ``text``."""
+    found = []
+    for match in FENCE.finditer(text):
+        if match.group("lang") != lang:
+            continue
+        if text[: match.start()].rstrip().endswith(SKIP_MARKER):
+            continue
+        indent, body = match.group("indent"), match.group("body")
+        if indent:
+            body = "".join(
+                line[len(indent):] if line.startswith(indent) else line
+                for line in body.splitlines(keepends=True)
+            )
+        found.append((text.count("\n", 0, match.start("body")) + 1, body))
+    return found
+
+
+def _blocks(text: str, lang: str) -> list[str]:
+    """Bodies of the ``lang`` code blocks of Markdown ``text``, in order, skips removed."""
+    return [body for _, body in _located_blocks(text, lang)]
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return _blocks(page.read_text(encoding="utf-8"), "python")
+
+
+def _page_id(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+def _pages_to_run() -> list[Path]:
+    pages, seen = [], set()
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        blocks = tuple(_python_blocks(page))
+        if blocks and blocks not in seen:
+            seen.add(blocks)
+            pages.append(page)
+    return pages
+
+
+PAGES = _pages_to_run()
+
+# Runs pages sent as JSON lines on stdin; answers one JSON line per page on stdout. The
+# examples' own output is captured and sent back, so that a failure shows it.
+KERNEL = r"""
+import contextlib, io, json, sys, traceback
+
+for line in sys.stdin:
+    request = json.loads(line)
+    output = io.StringIO()
+    namespace = {"__name__": request["module"]}
+    reply = {"ok": True}
+    try:
+        with contextlib.redirect_stdout(output):
+            for label, source in request["blocks"]:
+                exec(compile(source, label, "exec"), namespace)
+    except BaseException:
+        reply = {"ok": False, "error": traceback.format_exc()}
+    reply["output"] = output.getvalue()
+    sys.__stdout__.write(json.dumps(reply) + "\n")
+    sys.__stdout__.flush()
+"""
+
+
+class Kernel:
+    """One Python process that executes documentation pages, each in a fresh namespace."""
+
+    def __init__(self, workdir: Path, cache_dir: Path):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.stderr_path = workdir / "stderr.txt"
+        env = dict(os.environ)
+        env["XLA_FLAGS"] = " ".join(
+            filter(None, [env.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"])
+        )
+        env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+        env["MPLBACKEND"] = "Agg"
+        with open(self.stderr_path, "wb") as stderr:
+            # Relative paths in the examples (the datasets' default ../shared/data) are
+            # relative to the repository root, where the README says to run them.
+            self.process = subprocess.Popen(
+                [sys.executable, "-u", "-c", KERNEL],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+        self.requests: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._write, daemon=True).start()
+
+    def submit(self, page: Path) -> None:
+        """Queue ``page``; a writer thread feeds the process, so a full pipe cannot block."""
+        # Padding each block with blank lines makes tracebacks give the page's line numbers.
+        blocks = [
+            (_page_id(page), "\n" * (line - 1) + source)
+            for line, source in _located_blocks(page.read_text(encoding="utf-8"), "python")
+        ]
+        module = "docs_example_" + re.sub(r"\W", "_", page.stem)
+        self.requests.put(json.dumps({"module": module, "blocks": blocks}) + "\n")
+
+    def _write(self) -> None:
+        try:
+            while True:
+                self.process.stdin.write(self.requests.get())
+                self.process.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the process died; reading its reply reports why
+
+    def next_reply(self) -> dict:
+        """The reply to the oldest page not yet answered."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            ready = selector.select(timeout=PAGE_TIMEOUT_S)
+        line = self.process.stdout.readline() if ready else ""
+        if line:
+            return json.loads(line)
+        self.close()
+        stderr = self.stderr_path.read_text(errors="replace")[-5000:]
+        reason = f"took longer than {PAGE_TIMEOUT_S} s" if not ready else "exited"
+        return {"ok": False, "error": f"the example process {reason}:\n{stderr}", "output": ""}
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+class PageRunner:
+    """Runs pages on a few kernels in parallel; tests collect the replies.
+
+    Pages that fit the same dataset run in the same kernel, one after the other, so that
+    the later ones find their compiled programs in the persistent cache. Groups go to the
+    least-loaded kernel, heaviest first (SVI runs dominate the cost: they compile). With
+    ``prefetch`` every page is queued at once, in test order; otherwise a page is queued
+    when its test asks for it.
+    """
+
+    def __init__(self, workdir: Path, pages: list[Path], num_kernels: int, prefetch: bool):
+        cache_dir = workdir / "jax-cache"
+        self.kernels = [Kernel(workdir / f"kernel-{i}", cache_dir) for i in range(num_kernels)]
+        groups: dict[str, list[Path]] = {}
+        for page in pages:
+            groups.setdefault(_dataset(page), []).append(page)
+        load = [0] * num_kernels
+        self.kernel_of = {}
+        for group in sorted(groups.values(), key=lambda g: -sum(map(_cost, g))):
+            index = load.index(min(load))
+            load[index] += sum(map(_cost, group))
+            self.kernel_of.update((page, index) for page in group)
+        self.queues = [[] for _ in range(num_kernels)]
+        self.replies = {}
+        if prefetch:
+            for page in pages:
+                self._submit(page)
+
+    def _submit(self, page: Path) -> None:
+        index = self.kernel_of[page]
+        self.queues[index].append(page)
+        self.kernels[index].submit(page)
+
+    def result(self, page: Path) -> dict:
+        index = self.kernel_of[page]
+        if page not in self.replies and page not in self.queues[index]:
+            self._submit(page)
+        while page not in self.replies:
+            self.replies[self.queues[index].pop(0)] = self.kernels[index].next_reply()
+        return self.replies[page]
+
+    def close(self) -> None:
+        for kernel in self.kernels:
+            kernel.close()
+
+
+def _dataset(page: Path) -> str:
+    match = re.search(r'load_logistic_regression\("(\w+)"\)', page.read_text(encoding="utf-8"))
+    return match.group(1) if match else ""
+
+
+def _cost(page: Path) -> int:
+    return 1 + 4 * page.read_text(encoding="utf-8").count(".run(")
+
+
+@pytest.fixture(scope="module")
+def pages(request, tmp_path_factory):
+    selected = [
+        item.callspec.params["page"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_examples_run"
+    ]
+    # Queue all selected pages at once only where this process runs all of them: without
+    # xdist, or with a distribution that keeps a file's tests on one worker.
+    try:
+        dist = request.config.getoption("dist")
+    except ValueError:
+        dist = "no"
+    runner = PageRunner(
+        tmp_path_factory.mktemp("docs-examples"),
+        selected,
+        num_kernels=min(2, os.cpu_count() or 1),
+        prefetch=dist in ("no", "loadfile", "loadscope"),
+    )
+    yield runner
+    runner.close()
+
+
+def test_pages_are_collected():
+    # An empty glob would make the example tests pass vacuously.
+    assert ROOT / "README.md" in PAGES
+    assert DOCS / "getting-started.md" in PAGES
+    assert len(PAGES) >= 5
+
+
+def test_home_page_example_is_the_readme_example():
+    assert _python_blocks(DOCS / "index.md") == _python_blocks(ROOT / "README.md")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_examples_run(page: Path, pages):
+    reply = pages.result(page)
+    assert reply["ok"], f"{_page_id(page)}:\n{reply['error']}\nOutput so far:\n{reply['output']}"
+
+
+def test_site_builds_strict(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    for page in ("index.html", "api/guide/index.html", "how-to/log-z/index.html"):
+        assert (tmp_path / "site" / page).is_file(), page
+
+
+def test_readme_setup_commands():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    setup = re.search(r"^## Set-up$(.*?)(?=^## )", readme, re.MULTILINE | re.DOTALL)
+    assert setup, "README.md has no '## Set-up' section"
+    commands = [block.strip() for block in _blocks(setup.group(1), "bash")]
+    ci_command = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ][-1]
+    assert len(commands) == 2, commands
+    demo, test = commands
+    assert test == ci_command
+    assert demo == "python3.11 -m venv .venv && .venv/bin/pip install -q . && .venv/bin/python -m numpyro_uha.demo"

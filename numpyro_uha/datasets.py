@@ -5,7 +5,8 @@ not shipped with the package: they are read from a data directory, in this order
 
 1. the ``data_dir`` argument;
 2. the ``NUMPYRO_UHA_DATA_DIR`` environment variable;
-3. ``../shared/data`` relative to the current directory, then to the project root.
+3. ``../shared/data`` relative to the current directory or any directory above it, then
+   to the installed package's parent.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
         return Path(data_dir)
     if os.environ.get("NUMPYRO_UHA_DATA_DIR"):
         return Path(os.environ["NUMPYRO_UHA_DATA_DIR"])
-    for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
+    cwd = Path.cwd().resolve()
+    for base in (cwd, *cwd.parents, Path(__file__).resolve().parents[1]):
         candidate = base.parent / "shared" / "data"
         if candidate.is_dir():
             return candidate

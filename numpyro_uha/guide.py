@@ -653,6 +653,8 @@ class UHAGuide(AutoContinuous):
         log(K_old + 1) / log(K + 1), the paper's rule written in its count of bridging
         densities (K + 1 for K transitions); ``max_step_size`` is scaled by the same factor
         so that the whole ε(β) curve scales exactly. All other parameters are unchanged.
+        Meant for ``K`` at least the trained K (a smaller K warns: the larger steps can
+        destabilize the dynamics).
         """
         import copy
 
@@ -660,6 +662,15 @@ class UHAGuide(AutoContinuous):
 
         self._require_setup()
         _check_int("K", K, 1)
+        if K < self.K:
+            warnings.warn(
+                f"UHAGuide.extrapolate: going down from K={self.K} to K={K} scales the step "
+                "sizes up by log(K_old + 1) / log(K + 1) and can make the dynamics unstable "
+                "(much worse bounds); Appendix D's rule is meant for a larger K. Train at the "
+                "smaller K instead.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         factor = math.log(self.K + 1) / math.log(K + 1)
         old = self.get_annealing_params(params)
         new_logits = logits_from_betas(interpolate_betas(old.betas, K))

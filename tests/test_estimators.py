@@ -276,3 +276,5 @@ def test_extrapolation_with_frozen_schedule():
     np.testing.assert_allclose(np.asarray(new.step_sizes), guide.init_step_size * factor, rtol=1e-5)
     with pytest.raises(ValueError, match="K"):
         guide.extrapolate(params, 0)
+    with pytest.warns(RuntimeWarning, match="larger K"):
+        guide.extrapolate(params, 2)

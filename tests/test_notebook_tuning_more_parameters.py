@@ -1,0 +1,9 @@
+"""Executes notebooks/tuning_more_parameters.ipynb top to bottom (see notebook_runner.py)."""
+
+from notebook_runner import requires_dataset, run_notebook
+
+pytestmark = requires_dataset("ionosphere")
+
+
+def test_tuning_more_parameters_notebook_runs(tmp_path):
+    run_notebook("tuning_more_parameters.ipynb", tmp_path)

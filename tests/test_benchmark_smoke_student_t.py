@@ -23,6 +23,10 @@ NEEDS_DATA = bool(0)
     NEEDS_DATA and not (resolve_data_dir() / "sonar.npz").is_file(),
     reason="benchmark data directory not present",
 )
+# Marked slow to keep the default suite near 10 minutes on 2 cores: the calls this script
+# makes (plain VI, RenyiELBO, UHAGuide with frozen groups and init_from, AutoDAIS from a VI
+# start, guide_log_weights) are all exercised by the logistic benchmark's smoke test.
+@pytest.mark.slow
 def test_student_t_smoke(tmp_path):
     env = dict(os.environ, NUMPYRO_UHA_RESULTS_DIR=str(tmp_path), NUMPYRO_UHA_DATA_DIR=str(resolve_data_dir()))
     env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"]))

@@ -1,4 +1,7 @@
-"""Inference tasks of the paper's Figure 1 and Section 5.3: Bayesian logistic regression.
+"""Inference tasks of the paper's Figure 1 and Section 5.3: Bayesian logistic regression
+(sonar, ionosphere, australian, a1a, madelon) and the Inference Gym time series ported to
+NumPyro (``brownian_motion``, d = 32; ``lorenz_bridge``, d = 90; see
+:mod:`numpyro_uha.models` and ``benchmarks/inference_gym_ports.py`` for their check).
 
 For each dataset, seed and K, in one run: plain VI, importance-weighted VI (IW), UHA
 tuning only (ε, η), UHA tuning everything, Hamiltonian AIS with the paper's (ε, η) grid
@@ -10,6 +13,7 @@ paper's style (ELBO against K) is written next to the results.
 
     python -m benchmarks.logistic --datasets sonar ionosphere --K 2 4 8 16 32 64 \
         --extrapolate 128 256 --seeds 0 1 2 3
+    python -m benchmarks.logistic --datasets brownian_motion lorenz_bridge --name time_series
     python -m benchmarks.logistic --smoke
 """
 
@@ -27,7 +31,8 @@ from numpyro.infer.autoguide import AutoDAIS, AutoDiagonalNormal
 
 from benchmarks.common import results_dir, summarize, write_results
 from numpyro_uha import GROUPS, UHAGuide
-from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
+from numpyro_uha.datasets import DATASETS, load_logistic_regression, logistic_regression_model
+from numpyro_uha.models import brownian_motion_model, lorenz_bridge_model
 from numpyro_uha.evaluation import extrapolate, guide_log_weights, hais_grid_search
 
 #: UHA at K = 64 (ELBO, IW log Z) from the paper's first author's later public code,
@@ -35,15 +40,24 @@ from numpyro_uha.evaluation import extrapolate, guide_log_weights, hais_grid_sea
 ANCHORS = {
     "sonar": {"uha_k64": (-111.97, -108.71), "uha_k256": (-109.74, -108.41), "log_z": -108.38},
     "ionosphere": {"uha_k64": (-112.74, -111.58), "log_z": -111.60},
+    "brownian_motion": {"uha_k64": (0.00, 1.08), "log_z": 1.15},
+}
+
+#: Task name -> callable(data_dir) returning (model, model_args).
+TASKS = {
+    **{name: (lambda data_dir, name=name: (logistic_regression_model, load_logistic_regression(name, data_dir)))
+       for name in DATASETS},
+    "brownian_motion": lambda data_dir: (brownian_motion_model, ()),
+    "lorenz_bridge": lambda data_dir: (lorenz_bridge_model, ()),
 }
 
 METHODS = ("plain VI", "IW", "UHA (ε, η)", "UHA (all)", "HAIS (grid)", "AutoDAIS", "UHA (all, extrapolated)")
 
 
-def fit(model, guide, loss, steps, lr, seed, X, y, init_params=None):
+def fit(model, guide, loss, steps, lr, seed, model_args, init_params=None):
     svi = SVI(model, guide, optax.adam(lr), loss)
     start = time.perf_counter()
-    result = svi.run(jax.random.PRNGKey(seed), steps, X, y, progress_bar=False, init_params=init_params)
+    result = svi.run(jax.random.PRNGKey(seed), steps, *model_args, progress_bar=False, init_params=init_params)
     jax.block_until_ready(result.params)
     return result.params, time.perf_counter() - start
 
@@ -53,8 +67,7 @@ def score(log_w, K):
 
 
 def run_dataset(name, args, rows):
-    X, y = load_logistic_regression(name, args.data_dir)
-    model = logistic_regression_model
+    model, model_args = TASKS[name](args.data_dir)
     for seed in args.seeds:
         key = jax.random.PRNGKey(1000 + seed)
 
@@ -65,33 +78,33 @@ def run_dataset(name, args, rows):
                   f"IW {row['iw_log_z']:10.3f}" + (f" ({seconds:.1f}s)" if seconds else ""), flush=True)
 
         vi_guide = AutoDiagonalNormal(model)
-        vi_params, seconds = fit(model, vi_guide, Trace_ELBO(), args.vi_steps, 1e-2, seed, X, y)
-        add("plain VI", None, score(guide_log_weights(key, model, vi_guide, vi_params, args.num_draws, X, y), None), seconds)
+        vi_params, seconds = fit(model, vi_guide, Trace_ELBO(), args.vi_steps, 1e-2, seed, model_args)
+        add("plain VI", None, score(guide_log_weights(key, model, vi_guide, vi_params, args.num_draws, *model_args), None), seconds)
         vi_init = (vi_guide, vi_params)
         # The model's log density in the latent layout the plain-VI q lives in, for HAIS.
         probe = UHAGuide(model, K=1, init_from=vi_init)
         probe_svi = SVI(model, probe, optax.adam(1e-3), Trace_ELBO())
-        logdensity_fn = probe.get_logdensity_fn(probe_svi.get_params(probe_svi.init(key, X, y)), X, y)
+        logdensity_fn = probe.get_logdensity_fn(probe_svi.get_params(probe_svi.init(key, *model_args)), *model_args)
         for K in args.K:
             iw_guide = AutoDiagonalNormal(model)
             iw_params, seconds = fit(model, iw_guide, RenyiELBO(alpha=0.0, num_particles=K), args.steps,
-                                     args.lr, seed, X, y, init_params=vi_params)
+                                     args.lr, seed, model_args, init_params=vi_params)
             n = max(args.num_draws // K, 100)
-            w = guide_log_weights(key, model, iw_guide, iw_params, n * K, X, y).reshape(n, K)
+            w = guide_log_weights(key, model, iw_guide, iw_params, n * K, *model_args).reshape(n, K)
             iw_bound = jax.scipy.special.logsumexp(w, axis=1) - math.log(K)
             add("IW", K, score(iw_bound, K), seconds)
 
             frozen_eh = tuple(g for g in GROUPS if g not in ("step_size", "damping"))
             for method, frozen in (("UHA (ε, η)", frozen_eh), ("UHA (all)", ())):
                 guide = UHAGuide(model, K=K, frozen=frozen, init_from=vi_init)
-                params, seconds = fit(model, guide, Trace_ELBO(), args.steps, args.lr, seed, X, y)
-                draws = guide.sample_posterior_with_log_weights(key, params, X, y, sample_shape=(args.num_draws,))
+                params, seconds = fit(model, guide, Trace_ELBO(), args.steps, args.lr, seed, model_args)
+                draws = guide.sample_posterior_with_log_weights(key, params, *model_args, sample_shape=(args.num_draws,))
                 add(method, K, score(draws.log_weights, K), seconds)
                 if method == "UHA (all)" and K == max(args.K):
                     for K_big in args.extrapolate:
                         big_guide, big_params = extrapolate(guide, params, K_big)
                         big = big_guide.sample_posterior_with_log_weights(
-                            key, big_params, X, y, sample_shape=(args.num_draws,))
+                            key, big_params, *model_args, sample_shape=(args.num_draws,))
                         add("UHA (all, extrapolated)", K_big, score(big.log_weights, K_big))
 
             start = time.perf_counter()
@@ -101,10 +114,10 @@ def run_dataset(name, args, rows):
                                    "acceptance": grid.best.mean_acceptance}, time.perf_counter() - start)
 
             dais = AutoDAIS(model, K=K)
-            dais_params, seconds = fit(model, dais, Trace_ELBO(), args.steps, args.lr, seed, X, y,
+            dais_params, seconds = fit(model, dais, Trace_ELBO(), args.steps, args.lr, seed, model_args,
                                        init_params={"auto_z_0_loc": vi_params["auto_loc"],
                                                     "auto_z_0_scale": vi_params["auto_scale"]})
-            add("AutoDAIS", K, score(guide_log_weights(key, model, dais, dais_params, args.num_draws, X, y), K), seconds)
+            add("AutoDAIS", K, score(guide_log_weights(key, model, dais, dais_params, args.num_draws, *model_args), K), seconds)
 
 
 def summarize_rows(rows):
@@ -160,7 +173,8 @@ def plot(summary, datasets, path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--datasets", nargs="+", default=["sonar", "ionosphere"])
+    parser.add_argument("--datasets", nargs="+", default=["sonar", "ionosphere"], choices=sorted(TASKS),
+                        metavar="TASK", help=f"any of {sorted(TASKS)}")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--K", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
     parser.add_argument("--extrapolate", type=int, nargs="*", default=[128, 256])

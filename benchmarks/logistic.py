@@ -20,6 +20,7 @@ paper's style (ELBO against K) is written next to the results.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 
@@ -187,6 +188,9 @@ def main(argv=None):
     parser.add_argument("--grid-pilot", type=int, default=256)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     parser.add_argument("--name", default="logistic")
+    parser.add_argument("--append", action="store_true",
+                        help="merge with the rows of an existing results/<name>.json (rows of the same "
+                             "dataset, seed, method and K are replaced); the table lists every command")
     args = parser.parse_args(argv)
     if args.smoke:
         args.datasets, args.K, args.extrapolate, args.seeds = ["sonar"], [2], [4], [0]
@@ -196,20 +200,35 @@ def main(argv=None):
     rows = []
     for name in args.datasets:
         run_dataset(name, args, rows)
+    previous_runs = []
+    old_path = results_dir() / f"{args.name}.json"
+    if args.append and old_path.is_file():
+        old = json.loads(old_path.read_text())
+        new_keys = {(r["dataset"], r["seed"], r["method"], r["K"]) for r in rows}
+        kept = [r for r in old["rows"] if (r["dataset"], r["seed"], r["method"], r["K"]) not in new_keys]
+        previous_runs = old.get("previous_runs", []) + [{"environment": old["environment"], "settings": old["settings"]}]
+        rows = kept + rows
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     summary = summarize_rows(rows)
     plot_path = results_dir() / f"{args.name}.png"
     plot_path.parent.mkdir(parents=True, exist_ok=True)
-    plot(summary, args.datasets, plot_path)
+    plot(summary, datasets, plot_path)
 
     table = (
         f"All methods start from the same plain-VI q (AutoDiagonalNormal, Adam 1e-2, {args.vi_steps} "
         f"steps) and train with `optax.adam({args.lr})` for {args.steps} steps; scores from "
-        f"{args.num_draws} draws; mean ± std over seeds {args.seeds}. IW trains q on the K-sample "
+        f"{args.num_draws} draws; mean ± std over seeds (n seeds per cell: a subscript where fewer than the "
+        "most). IW trains q on the K-sample "
         "bound (RenyiELBO, alpha = 0) and reports that bound as its ELBO. HAIS: linear schedule, "
         "standard momentum, (ε, η) by the paper's grid search. K counts transitions (paper's K "
         f"= ours + 1). Plot: `{plot_path.name}`.\n\n"
     )
-    for name in args.datasets:
+    if previous_runs:
+        table += "Rows merged from earlier runs of this script (`--append`): " + "; ".join(
+            f"`{p['environment']['command']}` (commit {p['environment'].get('git_commit')}, {p['environment'].get('date')})"
+            for p in previous_runs) + ".\n\n"
+    max_n = max(v["num_seeds"] for v in summary.values())
+    for name in datasets:
         ks = sorted({k[2] for k in summary if k[0] == name and k[2] is not None})
         table += f"**{name}** — ELBO (IW log Z)\n\n| method | " + " | ".join(f"K={k}" for k in ks) + " |\n"
         table += "|---|" + "---|" * len(ks) + "\n"
@@ -218,7 +237,8 @@ def main(argv=None):
             cells = []
             for k in ks:
                 v = summary.get((name, method, k))
-                cells.append(f"{v['elbo_mean']:.2f} ± {v['elbo_std']:.2f} ({v['iw_mean']:.2f})" if v else "-")
+                n = f"<sub>n={v['num_seeds']}</sub>" if v and v["num_seeds"] < max_n else ""
+                cells.append(f"{v['elbo_mean']:.2f} ± {v['elbo_std']:.2f}{n} ({v['iw_mean']:.2f})" if v else "-")
             if any(c != "-" for c in cells):
                 table += f"| {method} | " + " | ".join(cells) + " |\n"
         if vi:
@@ -230,7 +250,7 @@ def main(argv=None):
             table += "\n\n"
     path = write_results(
         args.name,
-        {"settings": vars(args), "rows": rows,
+        {"settings": vars(args), "previous_runs": previous_runs, "rows": rows,
          "summary": [{"dataset": k[0], "method": k[1], "K": k[2], **v} for k, v in summary.items()]},
         table,
     )

@@ -1,6 +1,8 @@
 """Speed and memory of UHAGuide against NumPyro's AutoDAIS, in one run (issue 4, item 4).
 
-All timings are medians over repeats, reported as ratios measured in the same process:
+Every timing is a median over ``--repeats`` in one process, and the whole measurement is
+repeated ``--runs`` times (fresh guides, same process); the table reports the median
+ratio over runs and its range. Ratios are measured in the same process:
 
 * SVI step time, UHAGuide / AutoDAIS, same model, K, particles and optimizer;
 * SVI step time / the *cost floor*: a jitted ``lax.scan`` of K vectorized (over the
@@ -8,11 +10,12 @@ All timings are medians over repeats, reported as ratios measured in the same pr
   gradient work any K-step annealing method must do;
 * ``sample_posterior`` of N draws, AutoDAIS / UHAGuide (second call, after compilation;
   the first call, compilation included, is reported too) and UHAGuide / the cost floor
-  over N particles;
+  over N particles, and the same floor plus drawing the K·N·d Gaussian refresh noises any
+  stochastic sampler must draw (the "stochastic floor");
 * peak temporary memory of one compiled SVI step (XLA's ``memory_analysis``) at large K
   with and without ``remat=True``.
 
-    python -m benchmarks.speed                   # sonar K=32 x 8 particles, madelon memory
+    python -m benchmarks.speed --runs 3          # sonar and madelon, K=32 x 8 particles; madelon memory
     python -m benchmarks.speed --smoke           # tiny sizes, seconds
 """
 
@@ -23,6 +26,8 @@ import statistics
 import time
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoDAIS
@@ -58,24 +63,33 @@ def svi_step_time(model, guide, X, y, num_particles, steps, repeats):
     return _median_time(run, repeats, state) / steps, svi, state
 
 
-def cost_floor(model, X, y, latent_dim, K, num_particles, repeats):
-    """Seconds for K vectorized value-and-grad evaluations of the log density."""
+def cost_floor(model, X, y, latent_dim, K, num_particles, repeats, noise=False):
+    """Seconds for K vectorized value-and-grad evaluations of the log density (and, with
+    ``noise=True``, one standard-normal draw per particle and dimension at each of them,
+    from per-particle keys as a vectorized sampler draws them)."""
     def logdensity(z):
         return -potential_energy(model, (X, y), {}, {"w": z})
 
     value_and_grad = jax.vmap(jax.value_and_grad(logdensity))
 
     @jax.jit
-    def run(z):
-        def body(z, _):
-            value, grad = value_and_grad(z)
-            return z + 1e-6 * grad, value
+    def run(z, keys):
+        if noise:
+            eps = jax.vmap(lambda k: jax.random.normal(k, (K, latent_dim)))(keys)  # (N, K, d)
+            eps = jnp.swapaxes(eps, 0, 1)
+        else:
+            eps = jnp.zeros((K, 1, 1), z.dtype)
 
-        return jax.lax.scan(body, z, None, length=K)
+        def body(z, e):
+            value, grad = value_and_grad(z)
+            return z + 1e-6 * grad + 1e-6 * e, value
+
+        return jax.lax.scan(body, z, eps)
 
     z = 0.01 * jax.random.normal(jax.random.PRNGKey(1), (num_particles, latent_dim))
-    jax.block_until_ready(run(z))
-    return _median_time(run, repeats, z)
+    keys = jax.random.split(jax.random.PRNGKey(2), num_particles)
+    jax.block_until_ready(run(z, keys))
+    return _median_time(run, repeats, z, keys)
 
 
 def sample_time(guide, params, X, y, num_draws, repeats):
@@ -97,9 +111,38 @@ def step_memory(model, guide, X, y, num_particles):
     return int(analysis.temp_size_in_bytes) if analysis is not None else None
 
 
+def measure(model, X, y, args):
+    """One run of every timing on (X, y): seconds and ratios."""
+    d = X.shape[1]
+    uha_guide = UHAGuide(model, K=args.K, warm_start_steps=0)
+    dais_guide = AutoDAIS(model, K=args.K)
+    uha_step, uha_svi, uha_state = svi_step_time(model, uha_guide, X, y, args.num_particles, args.steps, args.repeats)
+    dais_step, dais_svi, dais_state = svi_step_time(model, dais_guide, X, y, args.num_particles, args.steps, args.repeats)
+    floor_step = cost_floor(model, X, y, d, args.K, args.num_particles, args.repeats)
+    uha_first, uha_draw = sample_time(uha_guide, uha_svi.get_params(uha_state), X, y, args.num_draws, args.repeats)
+    dais_first, dais_draw = sample_time(dais_guide, dais_svi.get_params(dais_state), X, y, args.num_draws,
+                                        max(2, args.repeats // 3))
+    floor_draw = cost_floor(model, X, y, d, args.K, args.num_draws, args.repeats)
+    noisy_floor_draw = cost_floor(model, X, y, d, args.K, args.num_draws, args.repeats, noise=True)
+    return {
+        "uha_step_ms": 1e3 * uha_step, "autodais_step_ms": 1e3 * dais_step, "floor_step_ms": 1e3 * floor_step,
+        "step_uha_over_autodais": uha_step / dais_step,
+        "step_uha_over_floor": uha_step / floor_step,
+        "step_autodais_over_floor": dais_step / floor_step,
+        "uha_draws_s": uha_draw, "autodais_draws_s": dais_draw, "floor_draws_s": floor_draw,
+        "stochastic_floor_draws_s": noisy_floor_draw,
+        "uha_first_call_s": uha_first, "autodais_first_call_s": dais_first,
+        "draws_autodais_over_uha": dais_draw / uha_draw,
+        "draws_autodais_over_uha_first_call": dais_first / uha_first,
+        "draws_uha_over_floor": uha_draw / floor_draw,
+        "draws_uha_over_stochastic_floor": uha_draw / noisy_floor_draw,
+    }
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--dataset", default="sonar")
+    parser.add_argument("--datasets", nargs="+", default=["sonar", "madelon"])
+    parser.add_argument("--runs", type=int, default=3, help="repeats of the whole timing measurement")
     parser.add_argument("--K", type=int, default=32)
     parser.add_argument("--num-particles", type=int, default=8)
     parser.add_argument("--steps", type=int, default=50, help="SVI steps per timed repeat")
@@ -113,39 +156,20 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.smoke:
         args.K, args.num_particles, args.steps, args.repeats, args.num_draws = 2, 2, 2, 2, 8
-        args.memory_dataset, args.memory_K, args.memory_particles = args.dataset, 4, 2
+        args.datasets, args.runs = ["sonar"], 1
+        args.memory_dataset, args.memory_K, args.memory_particles = "sonar", 4, 2
 
     model = logistic_regression_model
-    X, y = load_logistic_regression(args.dataset)
-    d = X.shape[1]
-    rows = {}
-    uha_guide = UHAGuide(model, K=args.K, warm_start_steps=0)
-    dais_guide = AutoDAIS(model, K=args.K)
-    uha_step, uha_svi, uha_state = svi_step_time(model, uha_guide, X, y, args.num_particles, args.steps, args.repeats)
-    dais_step, dais_svi, dais_state = svi_step_time(model, dais_guide, X, y, args.num_particles, args.steps, args.repeats)
-    floor_step = cost_floor(model, X, y, d, args.K, args.num_particles, args.repeats)
-    rows["svi_step"] = {
-        "uha_ms": 1e3 * uha_step, "autodais_ms": 1e3 * dais_step, "floor_ms": 1e3 * floor_step,
-        "uha_over_autodais": uha_step / dais_step,
-        "uha_over_floor": uha_step / floor_step,
-        "autodais_over_floor": dais_step / floor_step,
-    }
-    print(rows["svi_step"], flush=True)
-
-    uha_params = uha_svi.get_params(uha_state)
-    dais_params = dais_svi.get_params(dais_state)
-    uha_first, uha_draw = sample_time(uha_guide, uha_params, X, y, args.num_draws, args.repeats)
-    dais_first, dais_draw = sample_time(dais_guide, dais_params, X, y, args.num_draws, max(2, args.repeats // 3))
-    floor_draw = cost_floor(model, X, y, d, args.K, args.num_draws, args.repeats)
-    rows["sample_posterior"] = {
-        "num_draws": args.num_draws,
-        "uha_s": uha_draw, "autodais_s": dais_draw, "floor_s": floor_draw,
-        "uha_first_call_s": uha_first, "autodais_first_call_s": dais_first,
-        "autodais_over_uha": dais_draw / uha_draw,
-        "autodais_over_uha_first_call": dais_first / uha_first,
-        "uha_over_floor": uha_draw / floor_draw,
-    }
-    print(rows["sample_posterior"], flush=True)
+    timings = {}
+    for dataset in args.datasets:
+        X, y = load_logistic_regression(dataset)
+        runs = [measure(model, X, y, args) for _ in range(args.runs)]
+        timings[dataset] = {"d": int(X.shape[1]), "runs": runs,
+                            "median": {k: float(np.median([r[k] for r in runs])) for k in runs[0]},
+                            "min": {k: float(np.min([r[k] for r in runs])) for k in runs[0]},
+                            "max": {k: float(np.max([r[k] for r in runs])) for k in runs[0]}}
+        print(dataset, timings[dataset]["median"], flush=True)
+    rows = {"timings": timings}
 
     Xm, ym = load_logistic_regression(args.memory_dataset)
     memory = {}
@@ -159,22 +183,37 @@ def main(argv=None):
     }
     print(rows["memory_bytes"], flush=True)
 
-    s, p, m = rows["svi_step"], rows["sample_posterior"], rows["memory_bytes"]
+    m = rows["memory_bytes"]
     mib = 2.0**20
+
+    def cell(t, key, fmt="{:.2f}"):
+        lo, med, hi = t["min"][key], t["median"][key], t["max"][key]
+        return fmt.format(med) + (f" ({fmt.format(lo)}–{fmt.format(hi)})" if args.runs > 1 else "")
+
     table = (
-        f"Model: {args.dataset} logistic regression (d = {d}), K = {args.K}, "
-        f"{args.num_particles} particles; medians of {args.repeats} repeats "
-        f"({args.steps} jitted SVI steps each). Cost floor: jitted scan of K vectorized "
-        "value-and-grad evaluations of the log density.\n\n"
-        "| measure | UHAGuide | AutoDAIS | cost floor | ratio |\n|---|---|---|---|---|\n"
-        f"| SVI step (ms) | {s['uha_ms']:.2f} | {s['autodais_ms']:.2f} | {s['floor_ms']:.2f} | "
-        f"UHA/DAIS {s['uha_over_autodais']:.2f}; UHA/floor {s['uha_over_floor']:.2f}; "
-        f"DAIS/floor {s['autodais_over_floor']:.2f} |\n"
-        f"| sample_posterior {p['num_draws']} draws (s) | {p['uha_s']:.3f} | {p['autodais_s']:.3f} | "
-        f"{p['floor_s']:.3f} | DAIS/UHA {p['autodais_over_uha']:.1f}×; UHA/floor {p['uha_over_floor']:.2f} |\n"
-        f"| same, first call incl. compile (s) | {p['uha_first_call_s']:.2f} | "
-        f"{p['autodais_first_call_s']:.2f} | - | DAIS/UHA {p['autodais_over_uha_first_call']:.1f}× |\n\n"
-        f"Peak temporary memory of one compiled SVI step ({m['dataset']}, d = {m['d']}, "
+        f"Logistic regression, K = {args.K}, {args.num_particles} particles, Adam; each time a median of "
+        f"{args.repeats} repeats ({args.steps} jitted SVI steps each), the whole measurement run {args.runs}× "
+        "in one process: median ratio over runs (range). Cost floor: jitted scan of K vectorized "
+        "value-and-grad evaluations of the log density; stochastic floor: the same plus the K·N·d "
+        f"refresh noises drawn from per-draw keys. Draw timings: `sample_posterior` of {args.num_draws} "
+        "draws, after compilation (the first call, compile included, is shown too).\n\n"
+        "| model | d | SVI step UHA / AutoDAIS (target ≤ 1.0) | SVI step UHA / floor (target ≤ 2.0) | "
+        "AutoDAIS / floor | draws AutoDAIS / UHA (target ≥ 5) | draws UHA / floor (target ≤ 1.5) | "
+        "draws UHA / stochastic floor | first call AutoDAIS / UHA |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
+    for dataset, t in timings.items():
+        table += (f"| {dataset} | {t['d']} | {cell(t, 'step_uha_over_autodais')} | {cell(t, 'step_uha_over_floor')} | "
+                  f"{cell(t, 'step_autodais_over_floor')} | {cell(t, 'draws_autodais_over_uha', '{:.1f}')} | "
+                  f"{cell(t, 'draws_uha_over_floor')} | {cell(t, 'draws_uha_over_stochastic_floor')} | "
+                  f"{cell(t, 'draws_autodais_over_uha_first_call', '{:.1f}')} |\n")
+    table += "\nAbsolute medians (ms per SVI step; s per batch of draws):\n\n| model | UHA step | AutoDAIS step | floor step | UHA draws | AutoDAIS draws | floor draws | stochastic floor draws |\n|---|---|---|---|---|---|---|---|\n"
+    for dataset, t in timings.items():
+        md = t["median"]
+        table += (f"| {dataset} | {md['uha_step_ms']:.2f} | {md['autodais_step_ms']:.2f} | {md['floor_step_ms']:.2f} | "
+                  f"{md['uha_draws_s']:.3f} | {md['autodais_draws_s']:.3f} | {md['floor_draws_s']:.3f} | "
+                  f"{md['stochastic_floor_draws_s']:.3f} |\n")
+    table += (
+        f"\nPeak temporary memory of one compiled SVI step ({m['dataset']}, d = {m['d']}, "
         f"K = {m['K']}, {m['num_particles']} particles; XLA memory_analysis): UHAGuide "
         f"{m['no_remat'] / mib:.1f} MiB, UHAGuide(remat=True) {m['remat'] / mib:.1f} MiB, "
         f"AutoDAIS {m['autodais'] / mib:.1f} MiB.\n"

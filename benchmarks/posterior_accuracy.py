@@ -48,7 +48,9 @@ METHODS = ("NUTS", "mean-field VI", "IW", "UHA", "UHA (weighted)", "UHA full-ran
 WARM_START = 1000
 
 
-def weighted_moments(z, log_w=None):
+def mean_and_cov(z, log_w=None):
+    """Mean, covariance and ESS of the rows of z, self-normalized by exp(log_w) if given
+    (the package's evaluation.weighted_moments gives means and standard deviations only)."""
     z = np.asarray(z, np.float64)
     if log_w is None:
         w = np.full(z.shape[0], 1.0 / z.shape[0])
@@ -105,7 +107,7 @@ def run_nuts(model, model_args, budget, seed, ref):
         draws.append(np.asarray(mcmc.get_samples()["w"]))
         mcmc.post_warmup_state = mcmc.last_state
     z = np.concatenate(draws)
-    mean, cov, _ = weighted_moments(z)
+    mean, cov, _ = mean_and_cov(z)
     return {**errors(mean, cov, ref), "gradients": used, "num_draws": z.shape[0]}
 
 
@@ -141,7 +143,7 @@ def run_iw(model, model_args, budget, seed, ref, logdensity_fn, args):
     z = loc + scale * jax.random.normal(jax.random.PRNGKey(10_000 + seed), (n, loc.shape[0]))
     log_q = jnp.sum(jax.scipy.stats.norm.logpdf(z, loc, scale), -1)
     log_w = jax.vmap(logdensity_fn)(z) - log_q
-    mean, cov, ess = weighted_moments(z, log_w)
+    mean, cov, ess = mean_and_cov(z, log_w)
     return {**errors(mean, cov, ref), "gradients": used + n, "num_draws": n, "ess": float(ess)}
 
 
@@ -161,7 +163,7 @@ def run_uha(model, model_args, budget, seed, ref, args, base_dist):
                                                   sample_shape=(n,))
     z = np.asarray(draws.latent)
     for weighted in (False, True):
-        mean, cov, ess = weighted_moments(z, draws.log_weights if weighted else None)
+        mean, cov, ess = mean_and_cov(z, draws.log_weights if weighted else None)
         out[weighted] = {**errors(mean, cov, ref), "gradients": used + n * (args.K_sample + 1), "num_draws": n,
                          "ess": float(ess), "elbo": float(np.mean(draws.log_weights))}
     return out

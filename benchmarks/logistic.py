@@ -73,6 +73,8 @@ def run_dataset(name, args, rows):
         key = jax.random.PRNGKey(1000 + seed)
 
         def add(method, K, result, seconds=None):
+            if method not in args.methods:
+                return
             row = {"dataset": name, "seed": seed, "method": method, "K": K, "train_seconds": seconds, **result}
             rows.append(row)
             print(f"{name} seed={seed} {method:24s} K={str(K):4s} ELBO {row['elbo']:10.3f} "
@@ -87,16 +89,19 @@ def run_dataset(name, args, rows):
         probe_svi = SVI(model, probe, optax.adam(1e-3), Trace_ELBO())
         logdensity_fn = probe.get_logdensity_fn(probe_svi.get_params(probe_svi.init(key, *model_args)), *model_args)
         for K in args.K:
-            iw_guide = AutoDiagonalNormal(model)
-            iw_params, seconds = fit(model, iw_guide, RenyiELBO(alpha=0.0, num_particles=K), args.steps,
-                                     args.lr, seed, model_args, init_params=vi_params)
-            n = max(args.num_draws // K, 100)
-            w = guide_log_weights(key, model, iw_guide, iw_params, n * K, *model_args).reshape(n, K)
-            iw_bound = jax.scipy.special.logsumexp(w, axis=1) - math.log(K)
-            add("IW", K, score(iw_bound, K), seconds)
+            if "IW" in args.methods:
+                iw_guide = AutoDiagonalNormal(model)
+                iw_params, seconds = fit(model, iw_guide, RenyiELBO(alpha=0.0, num_particles=K), args.steps,
+                                         args.lr, seed, model_args, init_params=vi_params)
+                n = max(args.num_draws // K, 100)
+                w = guide_log_weights(key, model, iw_guide, iw_params, n * K, *model_args).reshape(n, K)
+                iw_bound = jax.scipy.special.logsumexp(w, axis=1) - math.log(K)
+                add("IW", K, score(iw_bound, K), seconds)
 
             frozen_eh = tuple(g for g in GROUPS if g not in ("step_size", "damping"))
             for method, frozen in (("UHA (ε, η)", frozen_eh), ("UHA (all)", ())):
+                if method not in args.methods:
+                    continue
                 guide = UHAGuide(model, K=K, frozen=frozen, init_from=vi_init)
                 params, seconds = fit(model, guide, Trace_ELBO(), args.steps, args.lr, seed, model_args)
                 draws = guide.sample_posterior_with_log_weights(key, params, *model_args, sample_shape=(args.num_draws,))
@@ -108,17 +113,20 @@ def run_dataset(name, args, rows):
                             key, big_params, *model_args, sample_shape=(args.num_draws,))
                         add("UHA (all, extrapolated)", K_big, score(big.log_weights, K_big))
 
-            start = time.perf_counter()
-            grid = hais_grid_search(key, logdensity_fn, vi_params["auto_loc"], vi_params["auto_scale"], K,
-                                    num_draws=args.grid_draws, num_pilot=args.grid_pilot)
-            add("HAIS (grid)", K, {**score(grid.best.log_weights, K),
-                                   "acceptance": grid.best.mean_acceptance}, time.perf_counter() - start)
+            if "HAIS (grid)" in args.methods:
+                start = time.perf_counter()
+                grid = hais_grid_search(key, logdensity_fn, vi_params["auto_loc"], vi_params["auto_scale"], K,
+                                        num_draws=args.grid_draws, num_pilot=args.grid_pilot)
+                add("HAIS (grid)", K, {**score(grid.best.log_weights, K),
+                                       "acceptance": grid.best.mean_acceptance}, time.perf_counter() - start)
 
-            dais = AutoDAIS(model, K=K)
-            dais_params, seconds = fit(model, dais, Trace_ELBO(), args.steps, args.lr, seed, model_args,
-                                       init_params={"auto_z_0_loc": vi_params["auto_loc"],
-                                                    "auto_z_0_scale": vi_params["auto_scale"]})
-            add("AutoDAIS", K, score(guide_log_weights(key, model, dais, dais_params, args.num_draws, *model_args), K), seconds)
+            if "AutoDAIS" in args.methods:
+                dais = AutoDAIS(model, K=K)
+                dais_params, seconds = fit(model, dais, Trace_ELBO(), args.steps, args.lr, seed, model_args,
+                                           init_params={"auto_z_0_loc": vi_params["auto_loc"],
+                                                        "auto_z_0_scale": vi_params["auto_scale"]})
+                add("AutoDAIS", K, score(guide_log_weights(key, model, dais, dais_params, args.num_draws,
+                                                           *model_args), K), seconds)
 
 
 def summarize_rows(rows):
@@ -188,6 +196,9 @@ def main(argv=None):
     parser.add_argument("--grid-pilot", type=int, default=256)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     parser.add_argument("--name", default="logistic")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), metavar="METHOD",
+                        help=f"methods to run (default: all of {list(METHODS)}); plain VI always trains, as "
+                             "every method starts from it, but is only reported if listed")
     parser.add_argument("--append", action="store_true",
                         help="merge with the rows of an existing results/<name>.json (rows of the same "
                              "dataset, seed, method and K are replaced); the table lists every command")

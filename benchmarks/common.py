@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ def _command_line() -> str:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     entry = ["-m", spec.name] if spec is not None else sys.argv[:1]
-    return " ".join(["python", *entry, *sys.argv[1:]])
+    return shlex.join(["python", *entry, *sys.argv[1:]])
 
 
 def environment() -> dict:

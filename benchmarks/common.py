@@ -13,6 +13,10 @@ from importlib import metadata
 from pathlib import Path
 
 import jax
+import optax
+from numpyro.infer import SVI, Trace_ELBO
+
+from numpyro_uha import UHAGuide
 from numpyro_uha.evaluation import log_z_from_weights
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -22,6 +26,23 @@ def results_dir() -> Path:
     """Where results go: ``$NUMPYRO_UHA_RESULTS_DIR`` if set (the smoke tests use a
     temporary directory), else ``benchmarks/results``."""
     return Path(os.environ.get("NUMPYRO_UHA_RESULTS_DIR") or RESULTS_DIR)
+
+
+def fit(model, guide, loss, steps, lr, seed, model_args, init_params=None):
+    """``steps`` of SVI with ``optax.adam(lr)``: (params, seconds)."""
+    svi = SVI(model, guide, optax.adam(lr), loss)
+    start = time.perf_counter()
+    result = svi.run(jax.random.PRNGKey(seed), steps, *model_args, progress_bar=False, init_params=init_params)
+    jax.block_until_ready(result.params)
+    return result.params, time.perf_counter() - start
+
+
+def model_logdensity(model, model_args):
+    """z ↦ log p̄(z), the model's log joint on the flat unconstrained latent vector (the
+    layout every AutoContinuous guide uses), from a probe UHAGuide's initialization."""
+    probe = UHAGuide(model, K=1, warm_start_steps=0)
+    svi = SVI(model, probe, optax.adam(1e-3), Trace_ELBO())
+    return probe.get_logdensity_fn(svi.get_params(svi.init(jax.random.PRNGKey(0), *model_args)), *model_args)
 
 
 def summarize(log_weights, num_transitions=None):

@@ -26,11 +26,10 @@ import time
 
 import jax
 import numpy as np
-import optax
-from numpyro.infer import SVI, RenyiELBO, Trace_ELBO
+from numpyro.infer import RenyiELBO, Trace_ELBO
 from numpyro.infer.autoguide import AutoDAIS, AutoDiagonalNormal
 
-from benchmarks.common import results_dir, summarize, write_results
+from benchmarks.common import fit, model_logdensity, results_dir, summarize, write_results
 from numpyro_uha import GROUPS, UHAGuide
 from numpyro_uha.datasets import DATASETS, load_logistic_regression, logistic_regression_model
 from numpyro_uha.models import brownian_motion_model, lorenz_bridge_model
@@ -55,20 +54,14 @@ TASKS = {
 METHODS = ("plain VI", "IW", "UHA (ε, η)", "UHA (all)", "HAIS (grid)", "AutoDAIS", "UHA (all, extrapolated)")
 
 
-def fit(model, guide, loss, steps, lr, seed, model_args, init_params=None):
-    svi = SVI(model, guide, optax.adam(lr), loss)
-    start = time.perf_counter()
-    result = svi.run(jax.random.PRNGKey(seed), steps, *model_args, progress_bar=False, init_params=init_params)
-    jax.block_until_ready(result.params)
-    return result.params, time.perf_counter() - start
-
-
 def score(log_w, K):
     return summarize(np.asarray(log_w, np.float64), K)
 
 
 def run_dataset(name, args, rows):
     model, model_args = TASKS[name](args.data_dir)
+    # The model's log density on the flat latent vector plain VI's q lives on, for HAIS.
+    logdensity_fn = model_logdensity(model, model_args) if "HAIS (grid)" in args.methods else None
     for seed in args.seeds:
         key = jax.random.PRNGKey(1000 + seed)
 
@@ -84,10 +77,6 @@ def run_dataset(name, args, rows):
         vi_params, seconds = fit(model, vi_guide, Trace_ELBO(), args.vi_steps, 1e-2, seed, model_args)
         add("plain VI", None, score(guide_log_weights(key, model, vi_guide, vi_params, args.num_draws, *model_args), None), seconds)
         vi_init = (vi_guide, vi_params)
-        # The model's log density in the latent layout the plain-VI q lives in, for HAIS.
-        probe = UHAGuide(model, K=1, init_from=vi_init)
-        probe_svi = SVI(model, probe, optax.adam(1e-3), Trace_ELBO())
-        logdensity_fn = probe.get_logdensity_fn(probe_svi.get_params(probe_svi.init(key, *model_args)), *model_args)
         for K in args.K:
             if "IW" in args.methods:
                 iw_guide = AutoDiagonalNormal(model)

@@ -40,7 +40,7 @@ from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS, SVI, RenyiELBO, Trace_ELBO
 from numpyro.infer.autoguide import AutoDiagonalNormal
 
-from benchmarks.common import results_dir, write_results
+from benchmarks.common import fit, model_logdensity, results_dir, write_results
 from numpyro_uha import UHAGuide
 from numpyro_uha.datasets import DATASETS, load_logistic_regression, logistic_regression_model
 
@@ -111,15 +111,9 @@ def run_nuts(model, model_args, budget, seed, ref):
     return {**errors(mean, cov, ref), "gradients": used, "num_draws": z.shape[0]}
 
 
-def _fit(model, guide, loss, steps, lr, seed, model_args, init_params=None):
-    svi = SVI(model, guide, optax.adam(lr), loss)
-    result = svi.run(jax.random.PRNGKey(seed), steps, *model_args, progress_bar=False, init_params=init_params)
-    return result.params
-
-
 def run_vi(model, model_args, budget, seed, ref, args):
     guide = AutoDiagonalNormal(model)
-    params = _fit(model, guide, Trace_ELBO(), int(budget), args.lr, seed, model_args)
+    params, _ = fit(model, guide, Trace_ELBO(), int(budget), args.lr, seed, model_args)
     mean = np.asarray(params["auto_loc"], np.float64)
     cov = np.diag(np.asarray(params["auto_scale"], np.float64) ** 2)
     return {**errors(mean, cov, ref), "gradients": int(budget), "num_draws": None}
@@ -132,11 +126,11 @@ def training_steps(budget, per_step, fixed, args):
 def run_iw(model, model_args, budget, seed, ref, logdensity_fn, args):
     K = args.K
     guide = AutoDiagonalNormal(model)
-    params = _fit(model, guide, Trace_ELBO(), WARM_START, 1e-2, seed, model_args)
+    params, _ = fit(model, guide, Trace_ELBO(), WARM_START, 1e-2, seed, model_args)
     steps = training_steps(budget, K, WARM_START, args)
     if steps:
-        params = _fit(model, guide, RenyiELBO(alpha=0.0, num_particles=K), steps, args.lr, seed, model_args,
-                      init_params=params)
+        params, _ = fit(model, guide, RenyiELBO(alpha=0.0, num_particles=K), steps, args.lr, seed, model_args,
+                        init_params=params)
     used = WARM_START + steps * K
     n = int((budget - used) // args.K_sample) * args.K_sample
     loc, scale = params["auto_loc"], params["auto_scale"]
@@ -220,10 +214,7 @@ def main(argv=None):
     print(f"reference: {ref['num_draws']} NUTS draws (median ESS {ref['median_ess']:.0f}), "
           f"mean tree size {ref['mean_tree_size']:.1f}, "
           f"{ref['seconds']:.0f}s", flush=True)
-    probe = UHAGuide(model, K=1, warm_start_steps=0)
-    probe_svi = SVI(model, probe, optax.adam(1e-3), Trace_ELBO())
-    logdensity_fn = probe.get_logdensity_fn(probe_svi.get_params(probe_svi.init(jax.random.PRNGKey(0), *model_args)),
-                                            *model_args)
+    logdensity_fn = model_logdensity(model, model_args)
 
     rows = []
     for budget in args.budgets:

@@ -74,17 +74,15 @@ def cost_floor(model, X, y, latent_dim, K, num_particles, repeats, noise=False):
 
     @jax.jit
     def run(z, keys):
-        if noise:
-            eps = jax.vmap(lambda k: jax.random.normal(k, (K, latent_dim)))(keys)  # (N, K, d)
-            eps = jnp.swapaxes(eps, 0, 1)
-        else:
-            eps = jnp.zeros((K, 1, 1), z.dtype)
-
         def body(z, e):
             value, grad = value_and_grad(z)
-            return z + 1e-6 * grad + 1e-6 * e, value
+            z = z + 1e-6 * grad
+            return (z if e is None else z + 1e-6 * e), value
 
-        return jax.lax.scan(body, z, eps)
+        if not noise:
+            return jax.lax.scan(body, z, None, length=K)
+        eps = jax.vmap(lambda k: jax.random.normal(k, (K, latent_dim)))(keys)  # (N, K, d)
+        return jax.lax.scan(body, z, jnp.swapaxes(eps, 0, 1))
 
     z = 0.01 * jax.random.normal(jax.random.PRNGKey(1), (num_particles, latent_dim))
     keys = jax.random.split(jax.random.PRNGKey(2), num_particles)

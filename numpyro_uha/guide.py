@@ -29,6 +29,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
 from numpyro_uha.core import (
+    INTEGRATORS,
     AnnealingInfo,
     AnnealingParams,
     annealed_sample,
@@ -48,6 +49,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "momentum": ("momentum_scale",),
     "schedule": ("beta_logits",),
     "bridge": ("bridge_loc_slope", "bridge_log_scale_slope"),
+    "drift": ("drift_scale",),
 }
 
 
@@ -101,7 +103,8 @@ class UHAGuide(AutoContinuous):
     (paper eq. 13), which is at least the ELBO of q and tightens as ``K`` grows.
 
     ``K`` counts annealing transitions, as :class:`~numpyro.infer.autoguide.AutoDAIS`
-    does: one target gradient each with ``num_leapfrog_steps=1`` (plus one at z₁). It
+    does: one target gradient each with ``num_leapfrog_steps=1`` (and one value of the
+    target at the end; the paper's velocity Verlet needs one more gradient, at z₁). It
     uses K bridging densities, so it is the paper's ":math:`K`" of ``K + 1`` ("number of
     bridging densities plus one").
 
@@ -113,11 +116,21 @@ class UHAGuide(AutoContinuous):
     - ``"damping"``: η in (0, 1), momentum persistence;
     - ``"momentum"``: the diagonal momentum covariance Σ;
     - ``"schedule"``: the strictly increasing β_1 < ... < β_K in (0, 1);
-    - ``"bridge"``: ψ, the slopes making q_ψ(β)'s mean and scale affine in β.
+    - ``"bridge"``: ψ, the slopes making q_ψ(β)'s mean and scale affine in β;
+    - ``"drift"``: δ, a per-coordinate factor on the leapfrog's position update
+      (z += ε δ Σ⁻¹ ρ), starting at 1. Together with Σ it sets how far each coordinate
+      drifts and how hard it is kicked separately, as AutoDAIS's step and mass do.
 
     A frozen group keeps its initial value and is not registered as a ``numpyro.param``.
-    The paper's basic UHA tunes ``q``, ``step_size`` and ``damping`` only; tuning
-    everything (the default) gave the best bounds in its Section 5.3.
+    The paper's basic UHA tunes ``q``, ``step_size`` and ``damping`` only, with
+    ``integrator="velocity_verlet"``; tuning everything (the default) gave the best
+    bounds in its Section 5.3 and in our benchmarks (``docs/benchmarks.md``).
+
+    The default ``integrator="position_verlet"`` (drift, kick, drift) gave higher bounds
+    than the paper's velocity Verlet (kick, drift, kick) on every benchmark task, once
+    δ is learned, and needs one target gradient fewer per draw. Every choice of
+    integrator, δ and the other parameters gives a valid bound and an unbiased
+    estimate of Z.
 
     By default q is first fitted by plain Gaussian VI on the first call's data
     (``warm_start_steps`` Adam steps), the paper's starting point, and Σ is set to the
@@ -139,6 +152,8 @@ class UHAGuide(AutoContinuous):
         init_scale: initial standard deviation of q (before the warm start).
         base_dist: ``"diagonal"`` (mean-field q) or ``"cholesky"`` (full-rank q).
         num_leapfrog_steps: L, leapfrog steps per transition (1 = under-damped Langevin).
+        integrator: ``"position_verlet"`` (default) or ``"velocity_verlet"`` (the paper's
+            leapfrog); see :func:`~numpyro_uha.core.annealed_sample`.
         init_step_size: initial ε, in (0, ``max_step_size``).
         max_step_size: ε_max; every ε(β_m) stays in (0, ε_max).
         init_damping: initial η in [0, 1).
@@ -168,6 +183,7 @@ class UHAGuide(AutoContinuous):
         init_scale: float = 0.1,
         base_dist: str = "diagonal",
         num_leapfrog_steps: int = 1,
+        integrator: str = "position_verlet",
         init_step_size: float = 0.25,
         max_step_size: float = 1.0,
         init_damping: float = 0.9,
@@ -184,6 +200,8 @@ class UHAGuide(AutoContinuous):
         _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
         _check_int("warm_start_steps", warm_start_steps, 0)
         _check_int("sample_batch_size", sample_batch_size, 1)
+        if integrator not in INTEGRATORS:
+            raise ValueError(f"integrator must be one of {INTEGRATORS}, got {integrator!r}.")
         if base_dist not in ("diagonal", "cholesky"):
             raise ValueError(
                 f"base_dist must be 'diagonal' or 'cholesky', got {base_dist!r}."
@@ -218,6 +236,7 @@ class UHAGuide(AutoContinuous):
         self.K = K
         self.base_dist = base_dist
         self.num_leapfrog_steps = num_leapfrog_steps
+        self.integrator = integrator
         self.init_step_size = init_step_size
         self.max_step_size = max_step_size
         # η = 0 lies on the boundary of the learnable interval (0, 1); nudge it inside.
@@ -298,6 +317,7 @@ class UHAGuide(AutoContinuous):
             "momentum_scale": 1.0 / marginal_std,
             "beta_logits": jnp.zeros(self.K + 1, dtype),
             "bridge_loc_slope": jnp.zeros(self.latent_dim, dtype),
+            "drift_scale": jnp.ones(self.latent_dim, dtype),
             "bridge_log_scale_slope": jnp.zeros(self.latent_dim, dtype),
         }
 
@@ -455,6 +475,7 @@ class UHAGuide(AutoContinuous):
             "beta_logits": constraints.real,
             "bridge_loc_slope": constraints.real,
             "bridge_log_scale_slope": constraints.real,
+            "drift_scale": constraints.positive,
         }
 
     def _param_name(self, short):
@@ -479,6 +500,7 @@ class UHAGuide(AutoContinuous):
             momentum_scale=values["momentum_scale"],
             bridge_loc_slope=values["bridge_loc_slope"],
             bridge_log_scale_slope=values["bridge_log_scale_slope"],
+            drift_scale=values["drift_scale"],
         )
 
     def _collect(self, fetch) -> AnnealingParams:
@@ -547,6 +569,7 @@ class UHAGuide(AutoContinuous):
             annealing,
             num_leapfrog_steps=self.num_leapfrog_steps,
             remat=self.remat,
+            integrator=self.integrator,
         )
         factor = info.log_q_initial - jnp.sum(info.momentum_log_ratio)
         if self.check_finite:
@@ -576,6 +599,7 @@ class UHAGuide(AutoContinuous):
             z, log_weight, info = annealed_sample(
                 key, logdensity_fn, annealing,
                 num_leapfrog_steps=self.num_leapfrog_steps, corrected=corrected,
+                integrator=self.integrator,
             )
             with handlers.block():
                 samples = constrain_fn(

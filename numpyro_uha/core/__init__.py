@@ -4,6 +4,7 @@ Everything works on a ``logdensity_fn(z) -> scalar`` over a flat vector ``z``.
 """
 
 from numpyro_uha.core.annealing import (
+    INTEGRATORS,
     AnnealingInfo,
     AnnealingParams,
     annealed_sample,
@@ -18,7 +19,12 @@ from numpyro_uha.core.gaussian import (
     gaussian_logpdf,
     gaussian_sample,
 )
-from numpyro_uha.core.integrators import IntegratorState, kinetic_log_density, leapfrog
+from numpyro_uha.core.integrators import (
+    IntegratorState,
+    drift_kick_drift,
+    kinetic_log_density,
+    leapfrog,
+)
 from numpyro_uha.core.parametrization import (
     betas_from_logits,
     interpolate_betas,
@@ -28,6 +34,7 @@ from numpyro_uha.core.parametrization import (
 from numpyro_uha.core.vi import GaussianFit, fit_gaussian, gaussian_elbo
 
 __all__ = [
+    "INTEGRATORS",
     "AnnealingInfo",
     "AnnealingParams",
     "GaussianFit",
@@ -35,6 +42,7 @@ __all__ = [
     "annealed_sample",
     "betas_from_logits",
     "bridge_gaussian",
+    "drift_kick_drift",
     "fit_gaussian",
     "gaussian_elbo",
     "gaussian_grad_logpdf",

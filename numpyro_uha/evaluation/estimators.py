@@ -125,7 +125,10 @@ class LogZSandwich(NamedTuple):
 
 
 # ------------------------------------------------------------------ chains
-def _chain_runner(logdensity_fn, num_draws, *, corrected, reverse, num_leapfrog_steps, batch_size):
+def _chain_runner(
+    logdensity_fn, num_draws, *, corrected, reverse, num_leapfrog_steps, batch_size,
+    integrator="velocity_verlet",
+):
     """A jitted ``run(rng_key, params, positions) -> (log_w, accepted, final_z)``.
 
     ``params`` is traced, so one compilation serves every parameter value (grid search).
@@ -140,11 +143,13 @@ def _chain_runner(logdensity_fn, num_draws, *, corrected, reverse, num_leapfrog_
                 z, log_w, info = reverse_annealed_sample(
                     key, logdensity_fn, params, position,
                     num_leapfrog_steps=num_leapfrog_steps, corrected=corrected,
+                    integrator=integrator,
                 )
             else:
                 z, log_w, info = annealed_sample(
                     key, logdensity_fn, params,
                     num_leapfrog_steps=num_leapfrog_steps, corrected=corrected,
+                    integrator=integrator,
                 )
             return log_w, info.accepted, z
 
@@ -159,11 +164,14 @@ def _check_num_draws(num_draws):
     return int(num_draws)
 
 
-def _forward(rng_key, logdensity_fn, params, num_draws, corrected, num_leapfrog_steps, batch_size):
+def _forward(
+    rng_key, logdensity_fn, params, num_draws, corrected, num_leapfrog_steps, batch_size,
+    integrator,
+):
     num_draws = _check_num_draws(num_draws)
     run = _chain_runner(
         logdensity_fn, num_draws, corrected=corrected, reverse=False,
-        num_leapfrog_steps=num_leapfrog_steps, batch_size=batch_size,
+        num_leapfrog_steps=num_leapfrog_steps, batch_size=batch_size, integrator=integrator,
     )
     log_w, accepted, _ = run(rng_key, params, jnp.zeros(num_draws))
     return np.asarray(log_w, np.float64), np.asarray(accepted)
@@ -178,6 +186,7 @@ def annealed_log_z(
     corrected: bool = False,
     num_leapfrog_steps: int = 1,
     batch_size: int = 1024,
+    integrator: str = "velocity_verlet",
 ) -> LogZEstimate:
     """ELBO and importance-weighted log Z, with standard errors, from ``num_draws`` chains.
 
@@ -191,8 +200,14 @@ def annealed_log_z(
             for acceptance rates).
         num_leapfrog_steps: L per transition.
         batch_size: chains computed together.
+        integrator: ``"velocity_verlet"`` (the paper's leapfrog) or ``"position_verlet"``
+            (:class:`~numpyro_uha.UHAGuide`'s default); see
+            :func:`~numpyro_uha.core.annealed_sample`.
     """
-    log_w, _ = _forward(rng_key, logdensity_fn, params, num_draws, corrected, num_leapfrog_steps, batch_size)
+    log_w, _ = _forward(
+        rng_key, logdensity_fn, params, num_draws, corrected, num_leapfrog_steps, batch_size,
+        integrator,
+    )
     return log_z_from_weights(log_w, int(params.betas.shape[0]))
 
 
@@ -204,6 +219,7 @@ def annealed_hais(
     *,
     num_leapfrog_steps: int = 1,
     batch_size: int = 1024,
+    integrator: str = "velocity_verlet",
 ) -> HAISResult:
     """Hamiltonian AIS (paper Algorithms 1 and 6) with the given parameters.
 
@@ -211,10 +227,15 @@ def annealed_hais(
     a Metropolis accept/reject step closing each transition. Its weights are unbiased for
     Z but not differentiable, so these parameters are *not* tuned for it: pass a UHA
     guide's (via :func:`hais`) to see what correction costs, or use
-    :func:`hais_grid_search` for the paper's tuned baseline.
+    :func:`hais_grid_search` for the paper's tuned baseline. With
+    ``integrator="position_verlet"`` the accept/reject step needs the target's value at
+    the end of every transition, one more evaluation each than UHA makes.
     """
     params = jax.tree.map(jnp.asarray, params)
-    log_w, accepted = _forward(rng_key, logdensity_fn, params, num_draws, True, num_leapfrog_steps, batch_size)
+    log_w, accepted = _forward(
+        rng_key, logdensity_fn, params, num_draws, True, num_leapfrog_steps, batch_size,
+        integrator,
+    )
     return HAISResult(
         log_z=log_z_from_weights(log_w, int(params.betas.shape[0])),
         acceptance_rate=accepted.mean(axis=0),
@@ -322,6 +343,7 @@ def annealed_sandwich(
     corrected: bool = False,
     num_leapfrog_steps: int = 1,
     batch_size: int = 1024,
+    integrator: str = "velocity_verlet",
 ) -> LogZSandwich:
     """Bracket log Z between forward (from q) and reverse (from the posterior) chains.
 
@@ -338,6 +360,9 @@ def annealed_sandwich(
     Args:
         num_draws: forward chains for the lower bound (default: as many as positions).
         corrected: bracket with the Hamiltonian AIS weights instead of UHA's.
+        integrator: ``"velocity_verlet"`` (the paper's leapfrog) or ``"position_verlet"``
+            (:class:`~numpyro_uha.UHAGuide`'s default); see
+            :func:`~numpyro_uha.core.annealed_sample`.
     """
     positions = jnp.asarray(posterior_positions)
     if positions.ndim != 2 or positions.shape[1] != params.loc.shape[-1]:
@@ -349,12 +374,15 @@ def annealed_sandwich(
         raise ValueError("posterior_positions contain NaN or inf values.")
     num_draws = num_reverse if num_draws is None else num_draws
     key_forward, key_reverse = jax.random.split(rng_key)
-    log_w, _ = _forward(key_forward, logdensity_fn, params, num_draws, corrected, num_leapfrog_steps, batch_size)
+    log_w, _ = _forward(
+        key_forward, logdensity_fn, params, num_draws, corrected, num_leapfrog_steps, batch_size,
+        integrator,
+    )
     num_transitions = int(params.betas.shape[0])
     lower = log_z_from_weights(log_w, num_transitions)
     run = _chain_runner(
         logdensity_fn, num_reverse, corrected=corrected, reverse=True,
-        num_leapfrog_steps=num_leapfrog_steps, batch_size=batch_size,
+        num_leapfrog_steps=num_leapfrog_steps, batch_size=batch_size, integrator=integrator,
     )
     reverse_log_w, _, _ = run(key_reverse, params, positions.astype(params.loc.dtype))
     reverse_log_w = np.asarray(reverse_log_w, np.float64)
@@ -396,7 +424,7 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
     logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
     return annealed_log_z(
         rng_key, logdensity_fn, annealing, num_draws,
-        num_leapfrog_steps=guide.num_leapfrog_steps,
+        num_leapfrog_steps=guide.num_leapfrog_steps, integrator=guide.integrator,
         batch_size=batch_size or guide.sample_batch_size,
     )
 
@@ -411,7 +439,7 @@ def hais(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int |
     logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
     return annealed_hais(
         rng_key, logdensity_fn, annealing, num_draws,
-        num_leapfrog_steps=guide.num_leapfrog_steps,
+        num_leapfrog_steps=guide.num_leapfrog_steps, integrator=guide.integrator,
         batch_size=batch_size or guide.sample_batch_size,
     )
 
@@ -443,7 +471,7 @@ def sandwich(
     return annealed_sandwich(
         rng_key, logdensity_fn, annealing, positions,
         num_draws=num_draws, corrected=corrected,
-        num_leapfrog_steps=guide.num_leapfrog_steps,
+        num_leapfrog_steps=guide.num_leapfrog_steps, integrator=guide.integrator,
         batch_size=batch_size or guide.sample_batch_size,
     )
 

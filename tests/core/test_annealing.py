@@ -31,9 +31,10 @@ def gaussian_target(z):
     return LOG_Z + jnp.sum(jax.scipy.stats.norm.logpdf(z, TARGET_MEAN, TARGET_STD))
 
 
-def random_params(seed, num_transitions=6, full_rank=False) -> AnnealingParams:
+def random_params(seed, num_transitions=6, full_rank=False, drift=False) -> AnnealingParams:
     """Arbitrary, untrained parameters; q is wider than the target so weights have
-    finite variance and the Monte Carlo standard error is meaningful."""
+    finite variance and the Monte Carlo standard error is meaningful. ``drift`` adds a
+    non-unit drift scale δ."""
     rng = np.random.default_rng(seed)
     scale = rng.uniform(1.5, 2.5, DIM)
     if full_rank:
@@ -47,6 +48,7 @@ def random_params(seed, num_transitions=6, full_rank=False) -> AnnealingParams:
         momentum_scale=rng.uniform(0.5, 2.0, DIM),
         bridge_loc_slope=rng.normal(size=DIM) * 0.3,
         bridge_log_scale_slope=rng.normal(size=DIM) * 0.3,
+        drift_scale=rng.uniform(0.5, 2.0, DIM) if drift else None,
     )
 
 
@@ -62,6 +64,16 @@ CASES = [
     pytest.param(dict(full_rank=False), dict(num_leapfrog_steps=3), id="uha-diag-L3"),
     pytest.param(dict(full_rank=False), dict(corrected=True), id="hais-diag"),
     pytest.param(dict(full_rank=True), dict(corrected=True), id="hais-fullrank"),
+    pytest.param(dict(drift=True), dict(), id="uha-diag-drift"),
+    pytest.param(dict(drift=True), dict(integrator="position_verlet"), id="uha-position-drift"),
+    pytest.param(
+        dict(full_rank=True), dict(integrator="position_verlet", num_leapfrog_steps=3),
+        id="uha-position-fullrank-L3",
+    ),
+    pytest.param(
+        dict(drift=True), dict(integrator="position_verlet", corrected=True),
+        id="hais-position-drift",
+    ),
 ]
 
 
@@ -96,10 +108,14 @@ def test_zero_step_size_gives_plain_elbo_exactly():
     assert abs(many.mean() - float(elbo)) < 4 * se
 
 
-def _algorithm3_reference(rng_key, logdensity_fn, params, num_leapfrog_steps=1):
+def _algorithm3_reference(
+    rng_key, logdensity_fn, params, num_leapfrog_steps=1, integrator="velocity_verlet"
+):
     """Plain-Python transcription of Algorithms 3 and 5 (one draw), drawing the same
-    random numbers as the scanned implementation."""
-    loc, scale, betas, step_sizes, eta, sigma, loc_slope, log_scale_slope = params
+    random numbers as the scanned implementation; position Verlet swaps the leapfrog's
+    order, and δ multiplies every drift."""
+    loc, scale, betas, step_sizes, eta, sigma, loc_slope, log_scale_slope, delta = params
+    delta = 1.0 if delta is None else delta
     dim = loc.shape[0]
     key_init, key_momentum, key_refresh, _ = jax.random.split(rng_key, 4)
     noises = jax.random.normal(key_refresh, (betas.shape[0], loc.shape[0]))
@@ -123,9 +139,14 @@ def _algorithm3_reference(rng_key, logdensity_fn, params, num_leapfrog_steps=1):
         # 2. leapfrog, then the simulator's momentum flip
         x, r = z, rho_prime
         for _ in range(num_leapfrog_steps):
-            r = r + 0.5 * eps * grad_log_pi(x)
-            x = x + eps * r / sigma**2
-            r = r + 0.5 * eps * grad_log_pi(x)
+            if integrator == "velocity_verlet":
+                r = r + 0.5 * eps * grad_log_pi(x)
+                x = x + eps * delta * r / sigma**2
+                r = r + 0.5 * eps * grad_log_pi(x)
+            else:
+                x = x + 0.5 * eps * delta * r / sigma**2
+                r = r + eps * grad_log_pi(x)
+                x = x + 0.5 * eps * delta * r / sigma**2
         z_sim, rho_sim = x, -r
         # 3. reverse the momentum
         z, rho = z_sim, -rho_sim
@@ -136,33 +157,43 @@ def _algorithm3_reference(rng_key, logdensity_fn, params, num_leapfrog_steps=1):
     return z, estimate, per_step
 
 
-@pytest.mark.parametrize("full_rank", [False, True], ids=["diag", "fullrank"])
+@pytest.mark.parametrize("integrator", ["velocity_verlet", "position_verlet"])
+@pytest.mark.parametrize(
+    "full_rank,drift", [(False, False), (True, False), (False, True)],
+    ids=["diag", "fullrank", "diag-drift"],
+)
 @pytest.mark.parametrize("num_leapfrog_steps", [1, 2], ids=["L1", "L2"])
-def test_scan_matches_python_loop_transcription(full_rank, num_leapfrog_steps):
-    params = random_params(7, num_transitions=5, full_rank=full_rank)
+def test_scan_matches_python_loop_transcription(full_rank, drift, num_leapfrog_steps, integrator):
+    params = random_params(7, num_transitions=5, full_rank=full_rank, drift=drift)
     key = jax.random.PRNGKey(11)
     z_ref, log_w_ref, per_step = _algorithm3_reference(
-        key, gaussian_target, params, num_leapfrog_steps
+        key, gaussian_target, params, num_leapfrog_steps, integrator
     )
-    z, log_w, info = uha_sample(key, gaussian_target, params, num_leapfrog_steps=num_leapfrog_steps)
+    z, log_w, info = uha_sample(
+        key, gaussian_target, params, num_leapfrog_steps=num_leapfrog_steps,
+        integrator=integrator,
+    )
     np.testing.assert_allclose(z, z_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(log_w, log_w_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(info.target_logdensity, [p[0] for p in per_step], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(info.momentum_log_ratio, [p[1] for p in per_step], rtol=1e-5, atol=1e-5)
 
 
-def test_remat_changes_neither_value_nor_gradient():
-    params = random_params(3)
+@pytest.mark.parametrize("integrator", ["velocity_verlet", "position_verlet"])
+def test_remat_changes_neither_value_nor_gradient(integrator):
+    params = random_params(3, drift=True)
     key = jax.random.PRNGKey(0)
 
     def mean_log_w(p, remat):
         keys = jax.random.split(key, 8)
-        return jnp.mean(jax.vmap(lambda k: uha_sample(k, gaussian_target, p, remat=remat)[1])(keys))
+        return jnp.mean(jax.vmap(
+            lambda k: uha_sample(k, gaussian_target, p, remat=remat, integrator=integrator)[1]
+        )(keys))
 
     value, grads = jax.value_and_grad(mean_log_w)(params, False)
     value_remat, grads_remat = jax.value_and_grad(mean_log_w)(params, True)
     np.testing.assert_allclose(value, value_remat, rtol=1e-6)
-    for g, g_remat in zip(grads, grads_remat):
+    for g, g_remat in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_remat)):
         np.testing.assert_allclose(g, g_remat, rtol=1e-4, atol=1e-6)
         assert np.all(np.isfinite(g))
 
@@ -174,4 +205,9 @@ def test_hais_accepts_less_with_larger_steps_and_is_not_differentiated():
     accept = lambda p: jax.vmap(lambda k: hais_sample(k, gaussian_target, p)[2].accepted)(keys).mean()
     assert accept(small) > accept(large)
     grads = jax.grad(lambda p: hais_sample(keys[0], gaussian_target, p)[1])(small)
-    assert all(float(jnp.abs(g).sum()) == 0.0 for g in grads)
+    assert all(float(jnp.abs(g).sum()) == 0.0 for g in jax.tree.leaves(grads))
+
+
+def test_unknown_integrator_is_named_in_the_error():
+    with pytest.raises(ValueError, match="integrator must be one of.*'leapfrog'"):
+        uha_sample(jax.random.PRNGKey(0), gaussian_target, random_params(0), integrator="leapfrog")

@@ -1,12 +1,13 @@
-"""The leapfrog map must be volume preserving and self-inverse under a momentum flip,
-the two properties Theorem 1 needs for the UHA weight to be exact."""
+"""The leapfrog map, in both orders and with any drift scale, must be volume preserving
+and self-inverse under a momentum flip, the two properties Theorem 1 needs for the UHA
+weight to be exact."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_uha.core import IntegratorState, leapfrog
+from numpyro_uha.core import IntegratorState, drift_kick_drift, leapfrog
 
 DIM = 3
 MOMENTUM_SCALE = jnp.array([0.7, 1.3, 2.0])
@@ -22,33 +23,50 @@ def bridge_grad(z, grad_target):
     return (1 - BETA) * (-(z - 0.5) / 1.5**2) + BETA * grad_target
 
 
-def flow(z_and_rho, num_steps):
+DRIFT_SCALE = jnp.array([1.6, 0.5, 1.1])
+
+
+def flow(z_and_rho, num_steps, order="velocity", drift_scale=None):
     z, rho = z_and_rho[:DIM], z_and_rho[DIM:]
+    if order == "position":
+        z, rho = drift_kick_drift(
+            z, rho, 0.3, MOMENTUM_SCALE, jax.grad(target), bridge_grad, num_steps, drift_scale
+        )
+        return jnp.concatenate([z, rho])
     value, grad = jax.value_and_grad(target)(z)
     out = leapfrog(
         IntegratorState(z, rho, value, grad), 0.3, MOMENTUM_SCALE,
-        jax.value_and_grad(target), bridge_grad, num_steps,
+        jax.value_and_grad(target), bridge_grad, num_steps, drift_scale,
     )
     return jnp.concatenate([out.position, out.momentum])
+
+
+VARIANTS = pytest.mark.parametrize(
+    "order,drift_scale",
+    [("velocity", None), ("velocity", DRIFT_SCALE), ("position", None), ("position", DRIFT_SCALE)],
+    ids=["velocity", "velocity-drift", "position", "position-drift"],
+)
 
 
 POINTS = [np.array([0.3, -1.2, 0.8, 0.5, 0.1, -2.0]), np.array([1.5, 0.2, -0.4, -1.0, 1.3, 0.4])]
 
 
+@VARIANTS
 @pytest.mark.parametrize("num_steps", [1, 4])
 @pytest.mark.parametrize("point", POINTS, ids=["a", "b"])
-def test_leapfrog_has_unit_jacobian(point, num_steps):
-    jacobian = jax.jacfwd(lambda x: flow(x, num_steps))(jnp.asarray(point))
+def test_leapfrog_has_unit_jacobian(point, num_steps, order, drift_scale):
+    jacobian = jax.jacfwd(lambda x: flow(x, num_steps, order, drift_scale))(jnp.asarray(point))
     assert abs(float(jnp.linalg.det(jacobian)) - 1.0) < 1e-4
 
 
+@VARIANTS
 @pytest.mark.parametrize("num_steps", [1, 4])
 @pytest.mark.parametrize("point", POINTS, ids=["a", "b"])
-def test_leapfrog_is_reversible_under_momentum_flip(point, num_steps):
+def test_leapfrog_is_reversible_under_momentum_flip(point, num_steps, order, drift_scale):
     start = jnp.asarray(point, dtype=jnp.float32)
-    forward = flow(start, num_steps)
+    forward = flow(start, num_steps, order, drift_scale)
     flipped = forward.at[DIM:].multiply(-1.0)
-    back = flow(flipped, num_steps)
+    back = flow(flipped, num_steps, order, drift_scale)
     np.testing.assert_allclose(back[:DIM], start[:DIM], atol=1e-5)
     np.testing.assert_allclose(-back[DIM:], start[DIM:], atol=1e-5)
     # ... and it moved somewhere, so the check is not vacuous.
@@ -65,3 +83,22 @@ def test_cached_gradient_is_the_gradient_at_the_new_position():
     )
     np.testing.assert_allclose(out.target_logdensity, target(out.position), rtol=1e-6)
     np.testing.assert_allclose(out.target_grad, jax.grad(target)(out.position), rtol=1e-5)
+
+
+def test_drift_scale_scales_only_the_position_update():
+    """With a zero gradient the kick vanishes, so z moves by exactly ε δ Σ⁻¹ ρ."""
+    z, rho = jnp.zeros(DIM), jnp.array([1.0, -2.0, 0.5])
+    flat = lambda x, g: jnp.zeros_like(x)
+    for order in ("velocity", "position"):
+        if order == "position":
+            z_new, rho_new = drift_kick_drift(
+                z, rho, 0.3, MOMENTUM_SCALE, jax.grad(target), flat, 1, DRIFT_SCALE
+            )
+        else:
+            out = leapfrog(
+                IntegratorState(z, rho, 0.0, jnp.zeros(DIM)), 0.3, MOMENTUM_SCALE,
+                jax.value_and_grad(target), flat, 1, DRIFT_SCALE,
+            )
+            z_new, rho_new = out.position, out.momentum
+        np.testing.assert_allclose(z_new, 0.3 * DRIFT_SCALE * rho / MOMENTUM_SCALE**2, rtol=1e-6)
+        np.testing.assert_allclose(rho_new, rho)

@@ -29,11 +29,12 @@ def reverse_log_weights(params, num_draws, seed=0, **kwargs):
     return np.asarray(run(keys, exact), dtype=np.float64)
 
 
+@pytest.mark.parametrize("integrator", ["velocity_verlet", "position_verlet"])
 @pytest.mark.parametrize("corrected", [False, True], ids=["uha", "hais"])
-def test_reverse_weights_estimate_one_over_z(corrected):
+def test_reverse_weights_estimate_one_over_z(corrected, integrator):
     """Started from exact posterior draws, E[1/w] = 1/Z for any parameters."""
-    params = random_params(3, num_transitions=5)
-    log_w = reverse_log_weights(params, 20_000, corrected=corrected)
+    params = random_params(3, num_transitions=5, drift=integrator == "position_verlet")
+    log_w = reverse_log_weights(params, 20_000, corrected=corrected, integrator=integrator)
     inv_w = np.exp(-(log_w - LOG_Z))  # = Z / w, mean one
     se = inv_w.std(ddof=1) / math.sqrt(inv_w.size)
     assert abs(inv_w.mean() - 1.0) < 4 * se, (inv_w.mean(), se)

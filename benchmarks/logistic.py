@@ -143,6 +143,13 @@ def summarize_rows(rows):
     return out
 
 
+def _mean_std(v):
+    """"mean ± std" of the ELBO over seeds; the mean alone for a single seed."""
+    if v["num_seeds"] < 2:
+        return f"{v['elbo_mean']:.2f}"
+    return f"{v['elbo_mean']:.2f} ± {v['elbo_std']:.2f}"
+
+
 def plot(summary, datasets, path):
     import matplotlib
 
@@ -225,7 +232,7 @@ def main(argv=None):
     table = (
         f"All methods start from the same plain-VI q (AutoDiagonalNormal, Adam 1e-2, {args.vi_steps} "
         f"steps) and train with `optax.adam({args.lr})` for {args.steps} steps; scores from "
-        f"{args.num_draws} draws; mean ± std over seeds (n seeds per cell: a subscript where fewer than the "
+        f"{args.num_draws} draws; mean ± std over seeds (the mean alone for one seed; n seeds per cell: a subscript where fewer than the "
         "most). IW trains q on the K-sample "
         "bound (RenyiELBO, alpha = 0) and reports that bound as its ELBO. HAIS: linear schedule, "
         "standard momentum, (ε, η) by the paper's grid search. UHA (ε, η): the paper's leapfrog "
@@ -248,11 +255,11 @@ def main(argv=None):
             for k in ks:
                 v = summary.get((name, method, k))
                 n = f"<sub>n={v['num_seeds']}</sub>" if v and v["num_seeds"] < max_n else ""
-                cells.append(f"{v['elbo_mean']:.2f} ± {v['elbo_std']:.2f}{n} ({v['iw_mean']:.2f})" if v else "-")
+                cells.append(f"{_mean_std(v)}{n} ({v['iw_mean']:.2f})" if v else "-")
             if any(c != "-" for c in cells):
                 table += f"| {method} | " + " | ".join(cells) + " |\n"
         if vi:
-            table += f"\nplain VI: ELBO {vi['elbo_mean']:.2f} ± {vi['elbo_std']:.2f}, IW log Z {vi['iw_mean']:.2f}.  "
+            table += f"\nplain VI: ELBO {_mean_std(vi)}, IW log Z {vi['iw_mean']:.2f}.  "
         anchor = ANCHORS.get(name)
         if anchor:
             table += f"\nAnchors: {anchor}.\n\n"

@@ -7,8 +7,9 @@ estimator). Transition m targets the bridging density
 
 and consists of a partial momentum refresh ρ' = η ρ + sqrt(1-η²) ξ, ξ ~ N(0, Σ),
 followed by L leapfrog steps of size ε_m (velocity Verlet, kick-drift-kick, or position
-Verlet, drift-kick-drift: ``integrator``; see ``integrators.py``). The momentum flip of Algorithm 3 step 3
-undoes the flip that makes the leapfrog self-inverse, so neither is carried out.
+Verlet, drift-kick-drift: ``integrator``; see ``integrators.py``). The momentum flip of
+Algorithm 3 step 3 undoes the flip that makes the leapfrog self-inverse, so neither is
+carried out.
 
 With K transitions there are K bridging densities, the paper's "K" (bridging densities
 plus one) is K + 1, and L = 1 costs K + 1 target gradients with velocity Verlet, or K

@@ -100,7 +100,14 @@ def run_dataset(name, args, rows):
                 guide = UHAGuide(
                     model, K=K, frozen=frozen, init_from=vi_init, integrator=integrator
                 )
-                params, seconds = fit(model, guide, Trace_ELBO(), args.steps, args.lr, seed, model_args)
+                try:
+                    params, seconds = fit(model, guide, Trace_ELBO(), args.steps, args.lr, seed, model_args)
+                except FloatingPointError as err:
+                    # The guide stops training on a non-finite weight: record it, go on.
+                    rows.append({"dataset": name, "seed": seed, "method": method, "K": K,
+                                 "diverged": str(err).splitlines()[0]})
+                    print(f"{name} seed={seed} {method:24s} K={K}: diverged", flush=True)
+                    continue
                 draws = guide.sample_posterior_with_log_weights(key, params, *model_args, sample_shape=(args.num_draws,))
                 add(method, K, score(draws.log_weights, K), seconds)
                 if method == "UHA (all)" and K == max(args.K):
@@ -130,6 +137,8 @@ def summarize_rows(rows):
     """(dataset, method, K) -> mean and std over seeds of ELBO and IW log Z."""
     groups = {}
     for r in rows:
+        if "diverged" in r:
+            continue
         groups.setdefault((r["dataset"], r["method"], r["K"]), []).append(r)
     out = {}
     for key, rs in groups.items():
@@ -244,6 +253,10 @@ def main(argv=None):
         table += "Rows merged from earlier runs of this script (`--append`): " + "; ".join(
             f"`{p['environment']['command']}` (commit {p['environment'].get('git_commit')}, {p['environment'].get('date')})"
             for p in previous_runs) + ".\n\n"
+    diverged = [r for r in rows if "diverged" in r]
+    if diverged:
+        table += "Training diverged (non-finite weight; no score): " + ", ".join(
+            f"{r['dataset']} {r['method']} K={r['K']} seed {r['seed']}" for r in diverged) + ".\n\n"
     max_n = max(v["num_seeds"] for v in summary.values())
     for name in datasets:
         ks = sorted({k[2] for k in summary if k[0] == name and k[2] is not None})

@@ -102,10 +102,14 @@ def run_dataset(name, args, rows):
                 )
                 try:
                     params, seconds = fit(model, guide, Trace_ELBO(), args.steps, args.lr, seed, model_args)
-                except FloatingPointError as err:
-                    # The guide stops training on a non-finite weight: record it, go on.
+                except (FloatingPointError, jax.errors.JaxRuntimeError) as err:
+                    # The guide stops training on a non-finite weight (inside the jitted
+                    # loop its FloatingPointError reaches us as a JaxRuntimeError).
+                    if "non-finite" not in str(err):
+                        raise
                     rows.append({"dataset": name, "seed": seed, "method": method, "K": K,
-                                 "diverged": str(err).splitlines()[0]})
+                                 "diverged": next(line for line in str(err).splitlines()
+                                                  if "non-finite" in line).strip()})
                     print(f"{name} seed={seed} {method:24s} K={K}: diverged", flush=True)
                     continue
                 draws = guide.sample_posterior_with_log_weights(key, params, *model_args, sample_shape=(args.num_draws,))

@@ -14,7 +14,8 @@ covariance (and mean) is scored by the mean absolute error over all d² (d) entr
   proposals in groups of 256, moments by self-normalized importance weighting.
 * **UHA** — ``UHAGuide(K=32)`` (defaults: every group tuned, 1000-step warm start),
   trained with Adam, extrapolated to K = 256 (Appendix D), the rest of B spent on draws
-  (K + 1 = 257 gradients each); moments of the draws as they are (unweighted, as the
+  (charged K + 1 = 257 gradients each: the default position Verlet takes 256 gradients
+  and one value, counted as a gradient; a training step likewise); moments of the draws as they are (unweighted, as the
   paper) and self-normalized by their weights.
 * **UHA, full-rank q** — the same with ``base_dist="cholesky"``.
 

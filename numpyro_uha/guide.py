@@ -29,11 +29,11 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
 from numpyro_uha.core import (
-    INTEGRATORS,
     AnnealingInfo,
     AnnealingParams,
     annealed_sample,
     betas_from_logits,
+    check_integrator,
     fit_gaussian,
     step_sizes_from_beta,
 )
@@ -200,8 +200,7 @@ class UHAGuide(AutoContinuous):
         _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
         _check_int("warm_start_steps", warm_start_steps, 0)
         _check_int("sample_batch_size", sample_batch_size, 1)
-        if integrator not in INTEGRATORS:
-            raise ValueError(f"integrator must be one of {INTEGRATORS}, got {integrator!r}.")
+        check_integrator(integrator)
         if base_dist not in ("diagonal", "cholesky"):
             raise ValueError(
                 f"base_dist must be 'diagonal' or 'cholesky', got {base_dist!r}."

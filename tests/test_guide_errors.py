@@ -56,6 +56,10 @@ BAD_ARGUMENTS = [
         id="warm_start_learning_rate=0",
     ),
     pytest.param({"init_from": "vi"}, "init_from", id="init_from-not-a-pair"),
+    pytest.param(
+        {"integrator": "leapfrog"}, "integrator must be one of.*position_verlet",
+        id="integrator-unknown",
+    ),
 ]
 
 

@@ -235,14 +235,15 @@ def annealed_sample(
     return final_state.position, log_weight, info
 
 
-def _check_integrator(integrator):
+def check_integrator(integrator):
+    """Raise a ``ValueError`` naming the choices unless ``integrator`` is one of :data:`INTEGRATORS`."""
     if integrator not in INTEGRATORS:
         raise ValueError(f"integrator must be one of {INTEGRATORS}, got {integrator!r}.")
 
 
 def _initial_state(logdensity_fn, position, momentum, integrator):
     """The integrator state at ``position``: position Verlet needs no gradient there."""
-    _check_integrator(integrator)
+    check_integrator(integrator)
     if integrator == "position_verlet":
         return IntegratorState(position, momentum, logdensity_fn(position), None)
     return IntegratorState(position, momentum, *jax.value_and_grad(logdensity_fn)(position))

@@ -1,7 +1,8 @@
 """Reference log Z for the inference tasks, independent of every method being compared.
 
 NUTS runs on the task's log density over the flat unconstrained latent vector (the same
-function every guide targets), and a full-rank Gaussian q is fitted to its draws. Then
+function every guide targets), and :func:`numpyro_uha.evaluation.log_z_bracket_from_draws`
+fits a full-rank Gaussian q to its draws. Then
 
 * lower end: the importance-weighted estimate log mean_i p̄(z_i)/q(z_i) over draws from q
   (a stochastic lower bound: its expectation is ≤ log Z), with the plain ELBO of q next to
@@ -25,17 +26,16 @@ shows that every method started from plain VI sits in a local basin far below lo
 from __future__ import annotations
 
 import argparse
-import math
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 from numpyro.infer import MCMC, NUTS
 
 from benchmarks.common import model_logdensity, write_results
 from benchmarks.logistic import ANCHORS, TASKS
+from numpyro_uha.evaluation import log_z_bracket_from_draws
 from numpyro_uha.models import brownian_motion_reference
 
 #: Known log Z to check the bracket against: exact for Brownian motion, long SMC runs
@@ -66,48 +66,6 @@ def nuts_draws(logdensity_fn, dim, *, seed, num_chains, num_warmup, num_samples)
     return np.asarray(draws, np.float64), divergences
 
 
-def gaussian_bracket(key, logdensity_fn, draws, num_q_draws, batch_size=5000):
-    """(lower, upper) ends of log Z from posterior draws (chains, samples, dim): see the
-    module docstring. Returns a dict of estimates and standard errors."""
-    chains, samples, dim = draws.shape
-    flat = draws.reshape(-1, dim)
-    mean = flat.mean(0)
-    cov = np.cov(flat.T) + 1e-9 * np.eye(dim)
-    chol = jnp.asarray(np.linalg.cholesky(cov))
-    mean = jnp.asarray(mean)
-    log_det = jnp.sum(jnp.log(jnp.diag(chol)))
-
-    def log_q(z):
-        r = jax.scipy.linalg.solve_triangular(chol, (z - mean).T, lower=True)
-        return -0.5 * jnp.sum(r**2, 0) - log_det - 0.5 * dim * math.log(2 * math.pi)
-
-    logdensity = jax.jit(jax.vmap(logdensity_fn))
-    # Upper end: over the NUTS draws, chain by chain for the effective sample size.
-    log_ratio_p = np.asarray(logdensity(jnp.asarray(flat, jnp.float32)) - log_q(jnp.asarray(flat, jnp.float32)),
-                             np.float64)
-    ess = float(effective_sample_size(log_ratio_p.reshape(chains, samples)[..., None])[0])
-    upper = float(log_ratio_p.mean())
-    upper_se = float(log_ratio_p.std(ddof=1) / math.sqrt(max(ess, 1.0)))
-    # Lower end: importance weights of draws from q.
-    log_w = []
-    for i in range(0, num_q_draws, batch_size):
-        k = jax.random.fold_in(key, i)
-        z = mean + jax.random.normal(k, (min(batch_size, num_q_draws - i), dim)) @ chol.T
-        log_w.append(np.asarray(logdensity(z) - log_q(z), np.float64))
-    log_w = np.concatenate(log_w)
-    if not np.all(np.isfinite(log_w)) or not np.all(np.isfinite(log_ratio_p)):
-        raise FloatingPointError("reference_log_z: non-finite log density at a draw")
-    shift = log_w.max()
-    w = np.exp(log_w - shift)
-    lower = float(shift + math.log(w.mean()))
-    lower_se = float(w.std(ddof=1) / math.sqrt(len(w)) / w.mean())  # delta method
-    return {
-        "lower": lower, "lower_se": lower_se, "upper": upper, "upper_se": upper_se,
-        "q_elbo": float(log_w.mean()), "q_elbo_se": float(log_w.std(ddof=1) / math.sqrt(len(log_w))),
-        "q_ess": float(w.sum() ** 2 / np.sum(w**2)), "num_q_draws": len(log_w), "eubo_ess": ess,
-    }
-
-
 def run_task(name, args):
     model, model_args = TASKS[name](args.data_dir)
     logdensity_fn = model_logdensity(model, model_args)
@@ -118,7 +76,10 @@ def run_task(name, args):
     nuts_seconds = time.perf_counter() - start
     r_hat = np.asarray(split_gelman_rubin(draws)) if args.num_chains > 1 else np.full(dim, np.nan)
     n_eff = np.asarray(effective_sample_size(draws))
-    bracket = gaussian_bracket(jax.random.PRNGKey(args.seed + 1), logdensity_fn, draws, args.num_q_draws)
+    bracket = log_z_bracket_from_draws(
+        jax.random.PRNGKey(args.seed + 1), logdensity_fn, draws.reshape(-1, dim),
+        num_chains=args.num_chains, num_q_draws=args.num_q_draws,
+    )._asdict()
     known, source = KNOWN.get(name, (None, None))
     row = {
         "task": name, "dim": dim, "seed": args.seed, "num_chains": args.num_chains,

@@ -1,5 +1,5 @@
-"""Evaluation layer: log Z estimates, Hamiltonian AIS, the log Z sandwich, K extrapolation,
-ArviZ export with PSIS k̂, and moment comparisons against NUTS.
+"""Evaluation layer: log Z estimates, Hamiltonian AIS, the log Z sandwich, a log Z bracket
+from posterior draws alone, K extrapolation, ArviZ export with PSIS k̂, and moment comparisons against NUTS.
 
 Guide-level functions take a trained :class:`~numpyro_uha.UHAGuide`; the ``annealed_*``
 functions and :func:`hais_grid_search` work on any JAX log density.
@@ -14,6 +14,7 @@ from numpyro_uha.evaluation.arviz import (
     to_inference_data,
     weighted_moments,
 )
+from numpyro_uha.evaluation.bracket import LogZBracket, log_z_bracket, log_z_bracket_from_draws
 from numpyro_uha.evaluation.estimators import (
     HAISGridResult,
     HAISResult,
@@ -43,6 +44,7 @@ __all__ = [
     "weighted_moments",
     "HAISGridResult",
     "HAISResult",
+    "LogZBracket",
     "LogZEstimate",
     "LogZSandwich",
     "annealed_hais",
@@ -53,6 +55,8 @@ __all__ = [
     "hais",
     "hais_grid_search",
     "log_z",
+    "log_z_bracket",
+    "log_z_bracket_from_draws",
     "log_z_from_weights",
     "sandwich",
 ]

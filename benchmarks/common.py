@@ -64,6 +64,22 @@ def _command_line() -> str:
     return shlex.join(["python", *entry, *sys.argv[1:]])
 
 
+def _git_commit():
+    try:
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False,
+            cwd=Path(__file__).parent,
+        ).stdout.strip() or None
+    except OSError:
+        return None
+
+
+#: The commit and time when the benchmark process started (this module is imported before
+#: any run): the code that ran, even if the working tree changes before the results are
+#: written.
+_START = {"git_commit": _git_commit(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
 def environment() -> dict:
     versions = {}
     for pkg in ("jax", "jaxlib", "numpyro", "optax", "arviz", "numpy"):
@@ -71,19 +87,13 @@ def environment() -> dict:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
-    try:
-        commit = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = None
     return {
         "command": _command_line(),
         "machine": f"{platform.machine()} {platform.processor() or ''} {jax.devices()[0].device_kind}".strip(),
         "cpu_count": __import__("os").cpu_count(),
         "python": platform.python_version(),
         "versions": versions,
-        "git_commit": commit,
+        **_START,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -98,7 +108,7 @@ def write_results(name: str, payload: dict, table_md: str) -> Path:
         f"# {name}\n\nCommand: `{env['command']}`  \nMachine: {env['machine']} "
         f"({env['cpu_count']} cores), Python {env['python']}  \nVersions: "
         + ", ".join(f"{k} {v}" for k, v in env["versions"].items())
-        + f"  \nCommit: {env['git_commit']}, {env['date']}\n\n"
+        + f"  \nCommit: {env['git_commit']} (at start, {env['started']}); written {env['date']}\n\n"
     )
     path = out / f"{name}.md"
     path.write_text(header + table_md + "\n")

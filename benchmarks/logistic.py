@@ -207,7 +207,8 @@ def plot(summary, datasets, path):
         elbos = [v["elbo_mean"] for k, v in summary.items() if k[0] == name and k[1] != "plain VI"]
         if "log_z" in anchor and elbos and max(elbos) > anchor["log_z"] - 100:
             ax.axhline(anchor["log_z"], color="black", ls="--", lw=0.8, label="reference log Z")
-            ax.set_ylim(max(min(elbos) - 2, anchor["log_z"] - 20), anchor["log_z"] + 1)
+            gap = anchor["log_z"] - max(elbos)  # how far the best method is from log Z
+            ax.set_ylim(max(min(elbos) - 2, anchor["log_z"] - max(20, 5 * gap)), anchor["log_z"] + 1)
         elif "log_z" in anchor:
             # Every method is far below the reference (a local basin): say so instead of
             # squeezing the curves into a sliver.

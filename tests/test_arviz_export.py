@@ -1,8 +1,7 @@
 """ArviZ export and importance-weight diagnostics (numpyro_uha.evaluation.arviz).
 
-The guide-based tests share one UHAGuide (K=4) fitted once to a model with a known
-posterior: a conjugate 2-vector mean ``mu``, a positive ``tau`` that the likelihood
-ignores (its posterior is its LogNormal(0, 0.5) prior) and a deterministic site. Every
+The guide-based tests share one UHAGuide (K=4) fitted once to the model with a known
+posterior of ``conjugate_model.py``. Every
 guide draw uses the same number of draws (N_DRAWS), so the draw function compiles once.
 Tolerances are a few Monte Carlo standard errors computed from the draws themselves.
 """
@@ -11,15 +10,13 @@ import math
 
 import arviz as az
 import jax
-import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-import optax
 import pytest
-from numpyro.infer import SVI, Trace_ELBO
 
-from numpyro_uha import UHAGuide, WeightedDraws
+from conjugate_model import Y, exact_moments, fit_guide
+from numpyro_uha import WeightedDraws
 from numpyro_uha.evaluation.arviz import (
     KHAT_BAD,
     KHAT_GOOD,
@@ -30,35 +27,12 @@ from numpyro_uha.evaluation.arviz import (
     weighted_moments,
 )
 
-PRIOR_SD, NOISE_SD, N_OBS = 3.0, 1.0, 20
-Y = jnp.array([1.0, -0.5]) + NOISE_SD * jax.random.normal(jax.random.PRNGKey(1), (N_OBS, 2))
 N_DRAWS = 4000
-TAU_S = 0.5  # tau ~ LogNormal(0, TAU_S)
-
-
-def model(y):
-    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD).expand([2]).to_event(1))
-    tau = numpyro.sample("tau", dist.LogNormal(0.0, TAU_S))
-    numpyro.deterministic("shift", mu + tau)
-    with numpyro.plate("data", y.shape[0]):
-        numpyro.sample("y", dist.Normal(mu, NOISE_SD).to_event(1), obs=y)
-
-
-def exact_posterior():
-    """Closed-form posterior means and standard deviations of mu and tau."""
-    precision = 1.0 / PRIOR_SD**2 + N_OBS / NOISE_SD**2
-    mu_mean = np.asarray(Y.sum(0)) / NOISE_SD**2 / precision
-    tau_mean = math.exp(TAU_S**2 / 2)
-    tau_sd = math.sqrt((math.exp(TAU_S**2) - 1) * math.exp(TAU_S**2))
-    return {"mu": (mu_mean, precision**-0.5), "tau": (tau_mean, tau_sd)}
 
 
 @pytest.fixture(scope="module")
 def fitted():
-    guide = UHAGuide(model, K=4, warm_start_steps=200, warm_start_learning_rate=0.05)
-    svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
-    result = svi.run(jax.random.PRNGKey(0), 300, Y, progress_bar=False)
-    return guide, result.params
+    return fit_guide()
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +177,8 @@ def test_khat_edge_cases_and_bad_weights():
 
 
 def test_weighted_moments_recover_the_exact_posterior(draws):
-    exact = exact_posterior()
+    mean, sd, _ = exact_moments()
+    exact = {"mu": (mean[:2], sd[:2]), "tau": (mean[2], sd[2])}
     log_w = np.asarray(draws.log_weights, np.float64)
     w = np.exp(log_w - log_w.max())
     w /= w.sum()

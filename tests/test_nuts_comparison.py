@@ -1,8 +1,7 @@
 """UHA vs NUTS moment comparison (numpyro_uha.evaluation.nuts).
 
-One UHAGuide (K=4) is fitted once to a model with a closed-form posterior: a conjugate
-2-vector mean ``mu`` and a positive ``tau`` that the likelihood ignores (its posterior
-is its LogNormal(0, 0.5) prior). NUTS runs once (500 warm-up, 1000 draws). Every
+One UHAGuide (K=4) is fitted once to the model with a closed-form posterior of
+``conjugate_model.py``. NUTS runs once (500 warm-up, 1000 draws). Every
 comparison uses N_DRAWS UHA draws, so the guide's draw function compiles once.
 
 Tolerances come from the Monte Carlo standard errors of both sides: NUTS' from its
@@ -12,21 +11,14 @@ effective sample size, UHA's from its (independent, possibly weighted) draws.
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import numpyro
-import numpyro.distributions as dist
-import optax
 import pytest
 from matplotlib.figure import Figure
-from numpyro.infer import SVI, Trace_ELBO
 
-from numpyro_uha import UHAGuide
+from conjugate_model import Y, exact_draws, exact_moments, fit_guide
 from numpyro_uha.evaluation.nuts import NUTSComparison, compare_with_nuts, plot_nuts_comparison
 
-PRIOR_SD, NOISE_SD, N_OBS = 3.0, 1.0, 20
-Y = jnp.array([1.0, -0.5]) + NOISE_SD * jax.random.normal(jax.random.PRNGKey(1), (N_OBS, 2))
-TAU_S = 0.5
 N_DRAWS = 4000
 # Unweighted UHA draws follow the UHA approximation, not the posterior: after this short
 # training (300 steps, K=4) its means are off by a few hundredths of a posterior sd
@@ -34,39 +26,9 @@ N_DRAWS = 4000
 BIAS_ALLOWANCE_SD = 0.1
 
 
-def model(y):
-    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD).expand([2]).to_event(1))
-    tau = numpyro.sample("tau", dist.LogNormal(0.0, TAU_S))
-    numpyro.deterministic("shift", mu + tau)
-    with numpyro.plate("data", y.shape[0]):
-        numpyro.sample("y", dist.Normal(mu, NOISE_SD).to_event(1), obs=y)
-
-
-def exact_moments():
-    """Closed-form posterior means, sds (per scalar: mu[0], mu[1], tau) and covariance."""
-    precision = 1.0 / PRIOR_SD**2 + N_OBS / NOISE_SD**2
-    mu_mean = np.asarray(Y.sum(0), np.float64) / NOISE_SD**2 / precision
-    tau_mean = math.exp(TAU_S**2 / 2)
-    tau_sd = math.sqrt((math.exp(TAU_S**2) - 1) * math.exp(TAU_S**2))
-    mean = np.array([mu_mean[0], mu_mean[1], tau_mean])
-    sd = np.array([precision**-0.5, precision**-0.5, tau_sd])
-    return mean, sd, np.diag(sd**2)
-
-
-def exact_draws(n, seed):
-    rng = np.random.default_rng(seed)
-    mean, sd, _ = exact_moments()
-    mu = mean[:2] + sd[:2] * rng.standard_normal((n, 2))
-    tau = np.exp(TAU_S * rng.standard_normal(n))
-    return {"mu": mu, "tau": tau}
-
-
 @pytest.fixture(scope="module")
 def fitted():
-    guide = UHAGuide(model, K=4, warm_start_steps=200, warm_start_learning_rate=0.05)
-    svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
-    result = svi.run(jax.random.PRNGKey(0), 300, Y, progress_bar=False)
-    return guide, result.params
+    return fit_guide()
 
 
 @pytest.fixture(scope="module")

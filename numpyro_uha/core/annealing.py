@@ -193,35 +193,24 @@ def annealed_sample(
         The final position, the log importance weight and :class:`AnnealingInfo`.
         The function is pure and safe under ``jit``, ``vmap`` and ``grad``.
     """
-    loc, scale, betas, damping, momentum_scale = (
-        params.loc, params.scale, params.betas, params.damping, params.momentum_scale
-    )
-    dim = loc.shape[-1]
+    loc, scale = params.loc, params.scale
     key_init, key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 4)
 
-    z_init = gaussian_sample(jax.random.normal(key_init, (dim,), loc.dtype), loc, scale)
+    z_init = gaussian_sample(jax.random.normal(key_init, loc.shape[-1:], loc.dtype), loc, scale)
     log_q_initial = gaussian_logpdf(z_init, loc, scale)
-    momentum = momentum_scale * jax.random.normal(key_momentum, (dim,), loc.dtype)
-    move = _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
+    momentum, move, refresh, steps = _chain_parts(
+        logdensity_fn, params, key_momentum, key_refresh, key_accept,
+        num_leapfrog_steps, corrected, integrator,
+    )
     state = _initial_state(logdensity_fn, z_init, momentum, integrator)
-    refresh_scale = jnp.sqrt(1.0 - damping**2) * momentum_scale
 
     def transition(state, step):
         beta, step_size, noise, uniform = step
-        start = state._replace(momentum=damping * state.momentum + refresh_scale * noise)
-        return move(start, beta, step_size, uniform)
+        return move(refresh(state, noise), beta, step_size, uniform)
 
     if remat:
         transition = jax.checkpoint(transition, prevent_cse=False)
-    # The refresh noise is drawn for all K transitions at once: in a rough (noisy) CPU
-    # timing one vectorized draw was cheaper than K small ones inside the loop; it costs
-    # K·d floats per chain, no more than the residuals reverse mode keeps anyway.
-    num_transitions = betas.shape[0]
-    noises = jax.random.normal(key_refresh, (num_transitions, dim), loc.dtype)
-    uniforms = jax.random.uniform(key_accept, (num_transitions,), loc.dtype)
-    final_state, per_step = jax.lax.scan(
-        transition, state, (betas, params.step_sizes, noises, uniforms)
-    )
+    final_state, per_step = jax.lax.scan(transition, state, steps)
     final_logdensity = final_state.target_logdensity
     if integrator == "position_verlet" and not corrected:
         # Evaluated afresh so that nothing outside the scan reads the carried value: when
@@ -247,6 +236,33 @@ def _initial_state(logdensity_fn, position, momentum, integrator):
     if integrator == "position_verlet":
         return IntegratorState(position, momentum, logdensity_fn(position), None)
     return IntegratorState(position, momentum, *jax.value_and_grad(logdensity_fn)(position))
+
+
+def _chain_parts(
+    logdensity_fn, params, key_momentum, key_refresh, key_accept, num_leapfrog_steps, corrected,
+    integrator,
+):
+    """What the forward and the reverse sampler share: ``(momentum, move, refresh, steps)``.
+
+    ``momentum`` is the first momentum, ρ ~ N(0, Σ); ``move`` the leapfrog part of a
+    transition (:func:`_make_move`); ``refresh(state, noise)`` the partial momentum refresh
+    ρ ← η ρ + sqrt(1 − η²) Σ^(1/2) ξ; ``steps`` the scanned inputs (β_m, ε_m, ξ_m, u_m). The
+    refresh noises of all K transitions are drawn at once: in a rough (noisy) CPU timing one
+    vectorized draw was cheaper than K small ones inside the loop; it costs K·d floats per
+    chain, no more than the residuals reverse mode keeps anyway.
+    """
+    loc, damping, momentum_scale = params.loc, params.damping, params.momentum_scale
+    dim, num_transitions = loc.shape[-1], params.betas.shape[0]
+    momentum = momentum_scale * jax.random.normal(key_momentum, (dim,), loc.dtype)
+    move = _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
+    refresh_scale = jnp.sqrt(1.0 - damping**2) * momentum_scale
+
+    def refresh(state, noise):
+        return state._replace(momentum=damping * state.momentum + refresh_scale * noise)
+
+    noises = jax.random.normal(key_refresh, (num_transitions, dim), loc.dtype)
+    uniforms = jax.random.uniform(key_accept, (num_transitions,), loc.dtype)
+    return momentum, move, refresh, (params.betas, params.step_sizes, noises, uniforms)
 
 
 def _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator):
@@ -349,30 +365,22 @@ def reverse_annealed_sample(
         log q(z_1)``, ``info.target_logdensity[m-1] = log p̄(z_m)`` and
         ``info.log_accept_ratio`` / ``info.accepted`` those of the backward moves.
     """
-    loc, scale, betas, damping, momentum_scale = (
-        params.loc, params.scale, params.betas, params.damping, params.momentum_scale
-    )
-    dim = loc.shape[-1]
     key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 3)
-    position = jnp.asarray(position, loc.dtype)
-    momentum = momentum_scale * jax.random.normal(key_momentum, (dim,), loc.dtype)
+    position = jnp.asarray(position, params.loc.dtype)
+    momentum, move, refresh, steps = _chain_parts(
+        logdensity_fn, params, key_momentum, key_refresh, key_accept,
+        num_leapfrog_steps, corrected, integrator,
+    )
     state = _initial_state(logdensity_fn, position, momentum, integrator)
     final_logdensity = state.target_logdensity
-    move = _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
-    refresh_scale = jnp.sqrt(1.0 - damping**2) * momentum_scale
 
     def transition(state, step):
         beta, step_size, noise, uniform = step
         moved, step_info = move(state, beta, step_size, uniform)
-        return moved._replace(momentum=damping * moved.momentum + refresh_scale * noise), step_info
+        return refresh(moved, noise), step_info
 
-    num_transitions = betas.shape[0]
-    noises = jax.random.normal(key_refresh, (num_transitions, dim), loc.dtype)
-    uniforms = jax.random.uniform(key_accept, (num_transitions,), loc.dtype)
-    first_state, per_step = jax.lax.scan(
-        transition, state, (betas, params.step_sizes, noises, uniforms), reverse=True
-    )
-    log_q_initial = gaussian_logpdf(first_state.position, loc, scale)
+    first_state, per_step = jax.lax.scan(transition, state, steps, reverse=True)
+    log_q_initial = gaussian_logpdf(first_state.position, params.loc, params.scale)
     # Each backward move's increment is the forward increment with start and end swapped.
     increments = -per_step[-1]
     log_weight = final_logdensity - log_q_initial + jnp.sum(increments)

@@ -43,7 +43,7 @@ ANCHORS = {
     "sonar": {"uha_k64": (-111.97, -108.71), "uha_k256": (-109.74, -108.41), "log_z": -108.38},
     "ionosphere": {"uha_k64": (-112.74, -111.58), "log_z": -111.60},
     "brownian_motion": {"uha_k64": (0.00, 1.08), "log_z": 1.15},
-    # No published reference: the lower end of the bracket [−29.2, −27.7] of
+    # No published reference: the lower end of the bracket [−29.2, −27.4] of
     # `python -m benchmarks.reference_log_z` (NUTS + a Gaussian fitted to its draws).
     "lorenz_bridge": {"log_z": -29.2},
 }

@@ -37,12 +37,19 @@ def fit(model, guide, loss, steps, lr, seed, model_args, init_params=None):
     return result.params, time.perf_counter() - start
 
 
+def probe_guide(model, model_args):
+    """``(guide, params)``: an initialized, untrained UHAGuide, to read the model's flat
+    latent layout (``guide.latent_dim``) and log density from."""
+    probe = UHAGuide(model, K=1, warm_start_steps=0)
+    svi = SVI(model, probe, optax.adam(1e-3), Trace_ELBO())
+    return probe, svi.get_params(svi.init(jax.random.PRNGKey(0), *model_args))
+
+
 def model_logdensity(model, model_args):
     """z ↦ log p̄(z), the model's log joint on the flat unconstrained latent vector (the
     layout every AutoContinuous guide uses), from a probe UHAGuide's initialization."""
-    probe = UHAGuide(model, K=1, warm_start_steps=0)
-    svi = SVI(model, probe, optax.adam(1e-3), Trace_ELBO())
-    return probe.get_logdensity_fn(svi.get_params(svi.init(jax.random.PRNGKey(0), *model_args)), *model_args)
+    probe, params = probe_guide(model, model_args)
+    return probe.get_logdensity_fn(params, *model_args)
 
 
 def summarize(log_weights, num_transitions=None):

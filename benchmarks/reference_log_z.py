@@ -35,7 +35,7 @@ import numpy as np
 from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 from numpyro.infer import MCMC, NUTS
 
-from benchmarks.common import model_logdensity, write_results
+from benchmarks.common import probe_guide, write_results
 from benchmarks.logistic import ANCHORS, TASKS
 from numpyro_uha.evaluation import log_z_bracket_from_draws
 from numpyro_uha.models import brownian_motion_reference
@@ -69,8 +69,8 @@ def nuts_draws(logdensity_fn, dim, *, seed, num_chains, num_warmup, num_samples)
 
 def run_task(name, args):
     model, model_args = TASKS[name](args.data_dir)
-    logdensity_fn = model_logdensity(model, model_args)
-    dim = _latent_dim(model, model_args)
+    probe, probe_params = probe_guide(model, model_args)
+    logdensity_fn, dim = probe.get_logdensity_fn(probe_params, *model_args), probe.latent_dim
     start = time.perf_counter()
     draws, divergences = nuts_draws(logdensity_fn, dim, seed=args.seed, num_chains=args.num_chains,
                                     num_warmup=args.num_warmup, num_samples=args.num_samples)
@@ -97,17 +97,6 @@ def run_task(name, args):
           f"R-hat {row['max_r_hat']}, min n_eff {row['min_n_eff']:.0f}, divergences {divergences}"
           + (f"; known {known:.3f} ({source})" if known is not None else ""), flush=True)
     return row
-
-
-def _latent_dim(model, model_args):
-    import optax
-    from numpyro.infer import SVI, Trace_ELBO
-
-    from numpyro_uha import UHAGuide
-
-    probe = UHAGuide(model, K=1, warm_start_steps=0)
-    SVI(model, probe, optax.adam(1e-3), Trace_ELBO()).init(jax.random.PRNGKey(0), *model_args)
-    return probe.latent_dim
 
 
 def _fmt(x, se):

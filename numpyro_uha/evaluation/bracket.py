@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_uha.evaluation.arviz import _check_positive_int
+
 __all__ = ["LogZBracket", "log_z_bracket", "log_z_bracket_from_draws"]
 
 
@@ -80,12 +82,6 @@ class LogZBracket(NamedTuple):
         )
 
 
-def _check_count(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}.")
-    return int(value)
-
-
 def log_z_bracket_from_draws(
     rng_key,
     logdensity_fn: Callable,
@@ -118,9 +114,9 @@ def log_z_bracket_from_draws(
     positions = np.asarray(posterior_positions, np.float64)
     if positions.ndim != 2:
         raise ValueError(f"posterior_positions must have shape (N, d), got {positions.shape}.")
-    num_chains = _check_count("num_chains", num_chains, 1)
-    num_q_draws = _check_count("num_q_draws", num_q_draws, 2)
-    batch_size = _check_count("batch_size", batch_size, 1)
+    num_chains = _check_positive_int("num_chains", num_chains)
+    num_q_draws = _check_positive_int("num_q_draws", num_q_draws, minimum=2)
+    batch_size = _check_positive_int("batch_size", batch_size)
     n, dim = positions.shape
     if n % num_chains or n // num_chains < 4:
         raise ValueError(
@@ -239,15 +235,9 @@ def log_z_bracket(
         print(log_z_bracket(guide, random.PRNGKey(3), params, mcmc.get_samples(),
                             *model_args, num_chains=4))
     """
-    from numpyro_uha.evaluation.estimators import _guide_target
+    from numpyro_uha.evaluation.estimators import _guide_positions
 
-    logdensity_fn, _ = _guide_target(guide, params, args, kwargs)
-    positions = guide.latent_from_samples(posterior_samples, *args, params=params, **kwargs)
-    if positions.ndim != 2:
-        raise ValueError(
-            "posterior_samples must have exactly one leading draw dimension; got latent "
-            f"shape {positions.shape}. Flatten chains first (mcmc.get_samples() does)."
-        )
+    logdensity_fn, _, positions = _guide_positions(guide, params, posterior_samples, args, kwargs)
     return log_z_bracket_from_draws(
         rng_key, logdensity_fn, positions,
         num_chains=num_chains, num_q_draws=num_q_draws, batch_size=batch_size,

@@ -408,6 +408,19 @@ def _guide_target(guide, params, args, kwargs):
     return guide.get_logdensity_fn(params, *args, **kwargs), guide.get_annealing_params(params)
 
 
+def _guide_positions(guide, params, posterior_samples, args, kwargs):
+    """:func:`_guide_target` plus ``posterior_samples`` (constrained, one leading draw
+    dimension) as flat latent positions of shape ``(N, d)``."""
+    logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
+    positions = guide.latent_from_samples(posterior_samples, *args, params=params, **kwargs)
+    if positions.ndim != 2:
+        raise ValueError(
+            "posterior_samples must have exactly one leading draw dimension; got latent "
+            f"shape {positions.shape}. Flatten chains first (mcmc.get_samples() does)."
+        )
+    return logdensity_fn, annealing, positions
+
+
 def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int | None = None, **kwargs) -> LogZEstimate:
     """log Z estimates of a trained :class:`~numpyro_uha.UHAGuide`.
 
@@ -461,13 +474,7 @@ def sandwich(
     draw dimension, e.g. ``mcmc.get_samples()`` from a long NUTS run. The upper bound
     assumes these are exact posterior draws (see :func:`annealed_sandwich`).
     """
-    logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
-    positions = guide.latent_from_samples(posterior_samples, *args, params=params, **kwargs)
-    if positions.ndim != 2:
-        raise ValueError(
-            "posterior_samples must have exactly one leading draw dimension; got latent "
-            f"shape {positions.shape}. Flatten chains first (mcmc.get_samples() does)."
-        )
+    logdensity_fn, annealing, positions = _guide_positions(guide, params, posterior_samples, args, kwargs)
     return annealed_sandwich(
         rng_key, logdensity_fn, annealing, positions,
         num_draws=num_draws, corrected=corrected,

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent
-REPO_ROOT = NOTEBOOK_DIR.parent
 
 #: Seconds any one cell may run before the execution fails.
 CELL_TIMEOUT = 300
@@ -31,20 +30,10 @@ def notebook_paths() -> list[Path]:
     return sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 
 
-def data_dir() -> Path:
-    """Where the notebooks' kernels find the logistic-regression data.
-
-    ``NUMPYRO_UHA_DATA_DIR`` if set, else ``../shared/data`` next to the repository. The
-    package's own default is relative to the working directory, which for a notebook is
-    ``notebooks/``, so the kernels are told explicitly.
-    """
-    return Path(os.environ.get("NUMPYRO_UHA_DATA_DIR") or REPO_ROOT.parent / "shared" / "data")
-
-
 def _kernel_env(extra_env=None) -> dict:
+    # The kernels read the logistic-regression data from the package's own copy (or from
+    # NUMPYRO_UHA_DATA_DIR, if the caller set it), whatever the working directory.
     env = dict(os.environ)
-    if data_dir().is_dir():
-        env["NUMPYRO_UHA_DATA_DIR"] = str(data_dir())
     env.update(extra_env or {})
     return env
 

@@ -1,17 +1,24 @@
 """Benchmark datasets (logistic regression, paper Section 5.2) and their standard model.
 
-The ``.npz`` files (``sonar``, ``ionosphere``, ``australian``, ``a1a``, ``madelon``) are
-not shipped with the package: they are read from a data directory, in this order:
+The five ``.npz`` files (``sonar``, ``ionosphere``, ``australian``, ``a1a``, ``madelon``)
+ship with the package, in ``numpyro_uha/data`` (their origins and licences are in
+``PROVENANCE.md`` beside them). :func:`load_logistic_regression` reads them from the first
+of:
 
 1. the ``data_dir`` argument;
 2. the ``NUMPYRO_UHA_DATA_DIR`` environment variable;
-3. ``../shared/data`` relative to the current directory or any directory above it, then
-   to the installed package's parent.
+3. the packaged copy, found with :mod:`importlib.resources` (nothing to configure, and
+   independent of the working directory).
+
+An override must hold the requested file: a missing one is an error, not a silent fall
+back to the packaged copy.
 """
 
 from __future__ import annotations
 
 import os
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -24,19 +31,27 @@ __all__ = ["DATASETS", "resolve_data_dir", "load_logistic_regression", "logistic
 #: Dataset name → latent dimension d (features + intercept).
 DATASETS = {"sonar": 61, "ionosphere": 35, "australian": 15, "a1a": 120, "madelon": 501}
 
+#: The environment variable that overrides the packaged data directory.
+DATA_DIR_ENV = "NUMPYRO_UHA_DATA_DIR"
 
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The directory the datasets are read from (see the module docstring)."""
+
+def _packaged_data() -> Traversable:
+    return resources.files("numpyro_uha") / "data"
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | Traversable:
+    """The directory the datasets are read from (see the module docstring).
+
+    ``data_dir`` if given, else ``$NUMPYRO_UHA_DATA_DIR`` if set and non-empty (both as a
+    :class:`~pathlib.Path`), else the package's own ``data`` folder as an
+    :mod:`importlib.resources` ``Traversable`` (a :class:`~pathlib.Path` for an ordinary
+    installation); ``resolve_data_dir() / "sonar.npz"`` works in every case.
+    """
     if data_dir is not None:
         return Path(data_dir)
-    if os.environ.get("NUMPYRO_UHA_DATA_DIR"):
-        return Path(os.environ["NUMPYRO_UHA_DATA_DIR"])
-    cwd = Path.cwd().resolve()
-    for base in (cwd, *cwd.parents, Path(__file__).resolve().parents[1]):
-        candidate = base.parent / "shared" / "data"
-        if candidate.is_dir():
-            return candidate
-    return Path.cwd().parent / "shared" / "data"
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV])
+    return _packaged_data()
 
 
 def load_logistic_regression(name: str, data_dir: str | os.PathLike | None = None):
@@ -50,11 +65,21 @@ def load_logistic_regression(name: str, data_dir: str | os.PathLike | None = Non
         raise ValueError(f"Unknown dataset {name!r}; expected one of {sorted(DATASETS)}.")
     path = resolve_data_dir(data_dir) / f"{name}.npz"
     if not path.is_file():
+        if data_dir is not None:
+            source = "data_dir="
+        elif os.environ.get(DATA_DIR_ENV):
+            source = f"the {DATA_DIR_ENV} environment variable"
+        else:
+            raise FileNotFoundError(
+                f"Dataset file {path} not found: the package's own copy of {name}.npz is "
+                "missing, so this installation is incomplete; reinstall numpyro-uha."
+            )
         raise FileNotFoundError(
-            f"Dataset file {path} not found. Put {name}.npz there or point "
-            "NUMPYRO_UHA_DATA_DIR (or data_dir=) at the directory holding it."
+            f"Dataset file {path} not found (the data directory was set by {source}). "
+            f"Put {name}.npz there, or drop the override to use the packaged copy, "
+            "which is the default."
         )
-    with np.load(path) as data:
+    with path.open("rb") as file, np.load(file) as data:
         X = np.asarray(data["X"], np.float64)
         labels = np.asarray(data["Y"], np.float64).ravel()
     std = X.std(axis=0)

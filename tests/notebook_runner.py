@@ -34,12 +34,6 @@ def _run_all():
     return module
 
 
-def requires_dataset(name: str):
-    """Skip marker for notebooks that read ``<name>.npz`` from the data directory."""
-    found = (_run_all().data_dir() / f"{name}.npz").is_file()
-    return pytest.mark.skipif(not found, reason=f"{name}.npz not in the data directory")
-
-
 def run_notebook(name: str, tmp_path: Path) -> None:
     """Execute ``notebooks/<name>``; a failing cell fails the test with its traceback."""
     from nbclient.exceptions import CellExecutionError

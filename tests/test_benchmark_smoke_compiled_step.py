@@ -1,8 +1,7 @@
 """Smoke run of `python -m benchmarks.compiled_step --smoke` (see benchmark_smoke.py)."""
 
-from benchmark_smoke import requires_data, run_smoke
+from benchmark_smoke import run_smoke
 
 
-@requires_data
 def test_compiled_step_smoke(tmp_path):
     run_smoke("compiled_step", tmp_path)

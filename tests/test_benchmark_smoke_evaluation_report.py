@@ -2,12 +2,11 @@
 
 import pytest
 
-from benchmark_smoke import requires_data, run_smoke
+from benchmark_smoke import run_smoke
 
 
 # Marked slow (about 55 s) to keep the default suite near 10 minutes on 2 cores;
 # run with `pytest -m slow`.
 @pytest.mark.slow
-@requires_data
 def test_evaluation_report_smoke(tmp_path):
     run_smoke("evaluation_report", tmp_path)

@@ -8,6 +8,9 @@
   A block right after ``<!-- skip-test -->`` is not run (for the rare sketch that cannot
   run on its own); everything else must. A page whose examples are exactly those of a page
   run before it (the home page repeats the README's) is not run twice.
+* The examples run as on a fresh machine: in an empty working directory (no checkout or
+  data folder around it), with ``NUMPYRO_UHA_DATA_DIR`` unset, so the datasets they load
+  must come from the installed package itself.
 * The README's two set-up commands are the CI command and the demo command.
 
 The examples use small models and step counts, and JAX compilation dominates their run
@@ -112,7 +115,10 @@ class Kernel:
     def __init__(self, workdir: Path, cache_dir: Path):
         workdir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = workdir / "stderr.txt"
+        cwd = workdir / "cwd"
+        cwd.mkdir(exist_ok=True)
         env = dict(os.environ)
+        env.pop("NUMPYRO_UHA_DATA_DIR", None)
         env["XLA_FLAGS"] = " ".join(
             filter(None, [env.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"])
         )
@@ -121,11 +127,11 @@ class Kernel:
         env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
         env["MPLBACKEND"] = "Agg"
         with open(self.stderr_path, "wb") as stderr:
-            # Relative paths in the examples (the datasets' default ../shared/data) are
-            # relative to the repository root, where the README says to run them.
+            # An empty working directory with nothing beside it: the examples must not
+            # depend on where they are run from (the datasets are package data).
             self.process = subprocess.Popen(
                 [sys.executable, "-u", "-c", KERNEL],
-                cwd=ROOT,
+                cwd=cwd,
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

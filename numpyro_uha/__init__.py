@@ -4,8 +4,17 @@ The pure-JAX algorithm lives in :mod:`numpyro_uha.core`; :class:`UHAGuide` is th
 AutoGuide built on it.
 """
 
-from numpyro_uha.guide import GROUPS, UHAGuide, WeightedDraws
+from numpyro_uha.guide import GROUPS, UHADivergenceError, UHAGuide, WeightedDraws
+from numpyro_uha.io import load_fit, save_fit
 
 __version__ = "0.1.0"
 
-__all__ = ["GROUPS", "UHAGuide", "WeightedDraws", "__version__"]
+__all__ = [
+    "GROUPS",
+    "UHADivergenceError",
+    "UHAGuide",
+    "WeightedDraws",
+    "load_fit",
+    "save_fit",
+    "__version__",
+]

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-from jax.custom_batching import custom_vmap
 from numpyro import handlers
 from numpyro.distributions import constraints
 from numpyro.infer.autoguide import (
@@ -28,6 +27,14 @@ from numpyro.infer.autoguide import (
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
+from numpyro_uha._divergence import (
+    DivergenceRecord,
+    LatchConstraint,
+    UHADivergenceError,
+    check_latch,
+    finite_guard,
+    gate,
+)
 from numpyro_uha.core import (
     AnnealingInfo,
     AnnealingParams,
@@ -38,7 +45,7 @@ from numpyro_uha.core import (
     step_sizes_from_beta,
 )
 
-__all__ = ["UHAGuide", "WeightedDraws", "GROUPS"]
+__all__ = ["UHAGuide", "WeightedDraws", "GROUPS", "UHADivergenceError"]
 
 #: Learnable parameter groups (paper Section 5.3) and the parameters in each.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -168,8 +175,13 @@ class UHAGuide(AutoContinuous):
             longer scales with the model's intermediates, at about one extra forward pass.
         sample_batch_size: draws computed together (vectorized) in
             :meth:`sample_posterior`; bounds its memory.
-        check_finite: raise as soon as a log weight is NaN or infinite during training,
-            rather than letting NaN reach the parameters.
+        check_finite: watch for NaN or infinite log weights during training, on every
+            backend: a diverging step leaves the parameters unchanged (no NaN reaches
+            them), training stops changing them, and :class:`UHADivergenceError` (a
+            ``FloatingPointError``) is raised where values are concrete: by
+            ``svi.get_params`` (so at the end of ``svi.run``), by this guide's methods and
+            by an un-jitted call. The error holds the last finite parameters. ``False``
+            lets NaN through (use with ``svi.run(..., stable_update=True)``).
         forward_mode_differentiation: passed to NumPyro's model initialization.
     """
 
@@ -256,6 +268,8 @@ class UHAGuide(AutoContinuous):
         self._init_values = None
         self._setup_args = None
         self._jitted_draws = {}
+        self._divergence = DivergenceRecord()
+        self._latch_constraint = LatchConstraint(self._divergence)
         super().__init__(
             model,
             prefix=prefix,
@@ -502,23 +516,26 @@ class UHAGuide(AutoContinuous):
             drift_scale=values["drift_scale"],
         )
 
-    def _collect(self, fetch) -> AnnealingParams:
-        """AnnealingParams with learnable values from ``fetch(short, name, constraint)``
-        and frozen groups at their initial values."""
-        values = {
-            short: fetch(short, self._param_name(short), constraint)
-            if self._learnable(short)
-            else self._init_values[short]
-            for short, constraint in self._param_specs().items()
-        }
-        return self._assemble(values)
+    @property
+    def _latch_name(self):
+        return f"{self.prefix}_diverged"
 
-    def _register_params(self) -> AnnealingParams:
-        return self._collect(
-            lambda short, name, constraint: numpyro.param(
-                name, self._init_values[short], constraint=constraint
+    def _register_params(self) -> dict:
+        """Register every group as a ``numpyro.param``; frozen ones get no gradient.
+
+        Frozen groups are registered too (behind ``stop_gradient``), so that ``params``
+        holds the whole fit: a guide rebuilt from scratch and given these params uses
+        the values it was trained with, not a new warm start's. Optimizers leave a
+        parameter with an exactly zero gradient unchanged (a decoupled weight decay,
+        e.g. ``optax.adamw``, would still shrink it).
+        """
+        values = {}
+        for short, constraint in self._param_specs().items():
+            value = numpyro.param(
+                self._param_name(short), self._init_values[short], constraint=constraint
             )
-        )
+            values[short] = value if self._learnable(short) else jax.lax.stop_gradient(value)
+        return values
 
     def get_annealing_params(self, params) -> AnnealingParams:
         """The core's :class:`~numpyro_uha.core.AnnealingParams` for trained ``params``.
@@ -527,16 +544,20 @@ class UHAGuide(AutoContinuous):
         frozen groups take their initial values.
         """
         self._require_setup()
-
-        def fetch(short, name, constraint):
-            if name not in params:
+        values = {}
+        for short in self._param_specs():
+            name = self._param_name(short)
+            if name in params:
+                values[short] = jnp.asarray(params[name])
+            elif not self._learnable(short):
+                # params saved before frozen groups were registered: initial values
+                values[short] = self._init_values[short]
+            else:
                 raise KeyError(
                     f"UHAGuide: params has no '{name}'. Pass the params returned by "
                     "svi.get_params(...) or svi.run(...).params for this guide."
                 )
-            return jnp.asarray(params[name])
-
-        return self._collect(fetch)
+        return self._assemble(values)
 
     # --------------------------------------------------------------- guide
     def _get_posterior(self):
@@ -547,7 +568,21 @@ class UHAGuide(AutoContinuous):
 
     def _sample_latent(self, *args, **kwargs):
         kwargs.pop("sample_shape", None)
-        annealing = self._register_params()
+        values = self._register_params()
+        latch = None
+        if self.check_finite:
+            latch = numpyro.param(
+                self._latch_name, jnp.zeros((), self._init_values["loc"].dtype),
+                constraint=self._latch_constraint,
+            )
+            check_latch(
+                latch, self._divergence, "when the guide was called with its params",
+                reset_if_clear=True,
+            )
+            # No NaN gradient reaches the parameters, and none at all once diverged.
+            learnable = {k: v for k, v in values.items() if self._learnable(k)}
+            values.update(gate(learnable, jax.lax.stop_gradient(latch) != 0))
+        annealing = self._assemble(values)
         model_params = {
             name: numpyro.param(
                 name, site["value"], constraint=site["kwargs"].get("constraint", constraints.real),
@@ -572,12 +607,46 @@ class UHAGuide(AutoContinuous):
         )
         factor = info.log_q_initial - jnp.sum(info.momentum_log_ratio)
         if self.check_finite:
-            factor = factor + _finite_guard(log_weight, annealing.step_sizes[0])
+            # The loss gradient of the latch is the fraction of diverged particles (the
+            # factor enters the guide's log density), so the optimizer moves it off 0 at
+            # the first divergence and never back (see _divergence.py).
+            diverged = (~jnp.isfinite(jax.lax.stop_gradient(log_weight))).astype(factor.dtype)
+            factor = factor + latch * diverged + finite_guard(
+                self._divergence, log_weight, annealing.step_sizes[0],
+                {self._param_name(k): v for k, v in values.items() if self._learnable(k)},
+            )
         # Trace_ELBO adds log p(x, z_{K+1}) and the Jacobians from the model's trace; this
         # factor supplies the rest of the augmented proposal's density, so that the ELBO
         # Trace_ELBO estimates is exactly the UHA log weight.
         numpyro.factor(f"_{self.prefix}_uha_factor", factor)
         return z
+
+    def _check_params(self, params):
+        """Raise on a diverged fit (the latch) or NaN/inf parameter values (if concrete)."""
+        if _is_tracer(params):
+            return
+        if self._latch_name in params:
+            check_latch(params[self._latch_name], self._divergence, "in the params given")
+        bad = sorted(
+            name for name, value in params.items()
+            if not bool(jnp.all(jnp.isfinite(jnp.asarray(value))))
+        )
+        if bad:
+            raise FloatingPointError(
+                f"UHAGuide: parameter(s) {bad} contain NaN or inf; the training run diverged. "
+                "Retrain with a smaller learning rate or max_step_size."
+            )
+
+    @property
+    def last_finite_params(self):
+        """The parameters before the first diverging training step (``None`` if none)."""
+        return self._divergence.params
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        # compiled functions do not pickle; they are rebuilt on first use
+        state["_jitted_draws"] = {}
+        return state
 
     # ------------------------------------------------------------- sampling
     def _require_setup(self):
@@ -612,7 +681,7 @@ class UHAGuide(AutoContinuous):
 
     def _draws(self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True):
         self._require_setup()
-        _check_params_finite(params)
+        self._check_params(params)
         sample_shape = tuple(sample_shape)
         num_draws = int(math.prod(sample_shape))
         arrays, spec = _split_static((args, kwargs))
@@ -766,10 +835,14 @@ class UHAGuide(AutoContinuous):
         return self._setup_args
 
     def median(self, params, *args, num_samples=1000, rng_key=None, **kwargs):
-        """Monte Carlo posterior median of every latent site from ``num_samples`` draws.
+        """Monte Carlo median of every latent and deterministic site from ``num_samples`` draws.
 
         UHA's marginals have no closed form, so this is the sample median of draws from
-        :meth:`sample_posterior` (seeded with ``rng_key``, default ``PRNGKey(0)``). With no
+        :meth:`sample_posterior` (seeded with ``rng_key``, default ``PRNGKey(0)``),
+        elementwise and unweighted: the median of the UHA approximation. As with
+        :class:`~numpyro.infer.autoguide.AutoNormal`, deterministic sites are included;
+        here each is the median of the site's own draws (AutoNormal evaluates it at the
+        latent medians, which agrees for a monotone function of one latent). With no
         model arguments given, the arguments of the guide's first call are used.
         """
         return {
@@ -778,10 +851,11 @@ class UHAGuide(AutoContinuous):
         }
 
     def quantiles(self, params, quantiles, *args, num_samples=1000, rng_key=None, **kwargs):
-        """Monte Carlo posterior quantiles of every latent site from ``num_samples`` draws.
+        """Monte Carlo quantiles of every latent and deterministic site from ``num_samples`` draws.
 
         Returns, per site, an array with a leading dimension of ``len(quantiles)``. See
-        :meth:`median` for how the draws and arguments are chosen.
+        :meth:`median` for how the draws and arguments are chosen and how deterministic
+        sites are treated.
         """
         q = jnp.asarray(quantiles)
         return {
@@ -794,7 +868,9 @@ class UHAGuide(AutoContinuous):
         args, kwargs = self._default_args(args, kwargs)
         rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
         samples = self.sample_posterior(rng_key, params, *args, sample_shape=(num_samples,), **kwargs)
-        return {name: value for name, value in samples.items() if name in self._init_locs}
+        # Every latent and deterministic site (all that sample_posterior returns), as
+        # AutoNormal's median and quantiles do.
+        return dict(samples)
 
 
 def _real(name, value) -> float:
@@ -810,68 +886,3 @@ def _real(name, value) -> float:
 def _check_int(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-
-
-def _check_params_finite(params):
-    if _is_tracer(params):
-        return
-    bad = sorted(
-        name for name, value in params.items() if not bool(jnp.all(jnp.isfinite(jnp.asarray(value))))
-    )
-    if bad:
-        raise FloatingPointError(
-            f"UHAGuide: parameter(s) {bad} contain NaN or inf; the training run diverged. "
-            "Retrain with a smaller learning rate or max_step_size."
-        )
-
-
-def _raise_if_nonfinite(log_weight, step_size):
-    log_weight = np.asarray(log_weight)
-    if not np.all(np.isfinite(log_weight)):
-        raise FloatingPointError(
-            f"UHAGuide: non-finite UHA log weight during training (ε(β_1) = "
-            f"{np.asarray(step_size).ravel()[:1]}). The dynamics diverged: lower "
-            "max_step_size or the learning rate. To skip such steps instead, construct the "
-            "guide with check_finite=False and run svi.run(..., stable_update=True)."
-        )
-    return np.zeros((), log_weight.dtype)
-
-
-def _check_all_finite(log_weight, step_size):
-    def report(lw, eps):
-        return jax.pure_callback(
-            _raise_if_nonfinite, jax.ShapeDtypeStruct((), lw.dtype), lw, eps
-        )
-
-    return jax.lax.cond(
-        jnp.any(~jnp.isfinite(log_weight)),
-        report,
-        lambda lw, eps: jnp.zeros((), lw.dtype),
-        log_weight,
-        step_size,
-    )
-
-
-@custom_vmap
-def _finite_guard_unbatched(log_weight, step_size):
-    return _check_all_finite(log_weight, step_size)
-
-
-@_finite_guard_unbatched.def_vmap
-def _finite_guard_batched(axis_size, in_batched, log_weight, step_size):
-    # Reduce over the particle batch *before* branching, so the predicate stays unbatched
-    # and the host callback stays in a cond branch that a healthy run never takes
-    # (a batched predicate would turn the cond into a select that always calls the host).
-    return _check_all_finite(log_weight, step_size), False
-
-
-def _finite_guard(log_weight, step_size):
-    """0.0, after raising on the host if ``log_weight`` is NaN or infinite.
-
-    The zero is added to the guide's factor so the check cannot be dead-code eliminated;
-    gradients do not flow through it. Costs nothing while the weights are finite, with or
-    without ``vmap`` over particles.
-    """
-    return _finite_guard_unbatched(
-        jax.lax.stop_gradient(log_weight), jax.lax.stop_gradient(step_size)
-    )

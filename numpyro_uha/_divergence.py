@@ -1,0 +1,235 @@
+"""Divergence handling for ``UHAGuide`` training that behaves the same on every backend.
+
+Raising an exception inside a host callback is undefined behaviour in JAX: on CPU it
+surfaces as a wrapped ``JaxRuntimeError``, on GPU it is logged and training carries on.
+So nothing here raises inside a compiled computation. Instead, three parts work together:
+
+* **a gate** (:func:`gate`): an identity on the guide's parameter values whose backward
+  pass zeroes their gradient when it is not finite, or once training has diverged, so
+  NaN never reaches the parameters and the last finite fit is not lost;
+* **a latch**: a scalar ``numpyro.param`` (``{prefix}_diverged``, starting at 0) whose
+  loss gradient is the fraction of particles with a non-finite log weight. The
+  optimizer moves it away from 0 at the first divergence and it never comes back (its
+  gradient is otherwise exactly 0), so the flag travels with the parameters and is seen
+  wherever their values are concrete;
+* **a record**: a host callback, taken only on a diverging step (inside a ``lax.cond``),
+  that stores the step size and the parameter values at the first divergence (the last
+  finite ones) and counts the diverging steps. It never raises.
+
+The error is then raised as a plain :class:`FloatingPointError`
+(:class:`UHADivergenceError`) where values are concrete: by ``svi.get_params`` (so at
+the end of ``svi.run``, through the latch's constraint transform), by every guide method
+that takes ``params``, and by a call of the guide outside ``jit`` (e.g. ``Predictive``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_batching import custom_vmap
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import IdentityTransform, biject_to
+
+__all__ = ["UHADivergenceError", "DivergenceRecord", "LatchConstraint", "gate", "finite_guard"]
+
+
+class UHADivergenceError(FloatingPointError):
+    """Training (or a draw) produced a non-finite UHA log weight.
+
+    Attributes:
+        params: the guide's parameter values (constrained, as in ``svi.get_params``) at
+            the first diverging step, before its update: the last finite fit. ``None``
+            where no such record exists (e.g. a fit loaded from disk after it diverged).
+    """
+
+    def __init__(self, message, params=None):
+        super().__init__(message)
+        self.params = params
+
+
+class DivergenceRecord:
+    """What the host learned about diverging training steps. Picklable."""
+
+    def __init__(self):
+        self.count = 0
+        self.step_size = None
+        self.fraction = None
+        self.params = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def reset(self):
+        with self._lock:
+            self.count, self.step_size, self.fraction, self.params = 0, None, None, None
+
+    def record(self, fraction, step_size, params):
+        with self._lock:
+            self.count += 1
+            if self.params is None:
+                self.fraction = float(np.max(np.asarray(fraction)))
+                self.step_size = float(np.asarray(step_size).ravel()[0])
+                self.params = {name: np.asarray(value) for name, value in params.items()}
+
+    def error(self, where: str) -> UHADivergenceError:
+        if self.params is None:
+            detail = (
+                "The latch parameter says so, but this process holds no record of the "
+                "step (e.g. the fit was loaded from disk)."
+            )
+        else:
+            detail = (
+                f"{self.count} training step(s) had a non-finite log weight; at the first, "
+                f"{100 * self.fraction:.0f} % of the particles diverged with ε(β_1) = "
+                f"{self.step_size:.4g}. From then on the guide's parameters got no gradient, "
+                "so the fit stayed finite; its last finite parameters (before that step's "
+                "update) are in this exception's `.params` and in `guide.last_finite_params`."
+            )
+        return UHADivergenceError(
+            f"UHAGuide: training diverged (found {where}). {detail} What to change: a "
+            "smaller learning rate, a smaller max_step_size (the leapfrog step ε is capped "
+            "by it); then resume from the last finite fit with "
+            "svi.run(..., init_params=err.params). To skip such steps silently instead, "
+            "construct the guide with check_finite=False and use "
+            "svi.run(..., stable_update=True).",
+            params=self.params,
+        )
+
+
+class LatchConstraint(constraints.Constraint):
+    """The real line, for the latch parameter; its transform checks concrete values.
+
+    ``svi.get_params`` constrains every parameter with ``biject_to(constraint)``; for
+    this constraint that is the identity, except that a concrete latch away from 0
+    raises :class:`UHADivergenceError`. Inside ``jit`` (``svi.update``) it is a no-op.
+    """
+
+    event_dim = 0
+
+    def __init__(self, record: DivergenceRecord):
+        self.record = record
+
+    def __call__(self, x):
+        return jnp.isfinite(x)
+
+    def feasible_like(self, prototype):
+        return jnp.zeros_like(prototype)
+
+    def tree_flatten(self):
+        return (), ((), {"record": self.record})
+
+    def eq(self, other, static=False):
+        return self is other
+
+
+class _LatchTransform(IdentityTransform):
+    def __init__(self, record):
+        self.record = record
+
+    def __call__(self, x):
+        check_latch(x, self.record, "by svi.get_params, e.g. at the end of svi.run")
+        return x
+
+    def tree_flatten(self):
+        return (), ((), {"record": self.record})
+
+
+@biject_to.register(LatchConstraint)
+def _latch_transform(constraint):
+    return _LatchTransform(constraint.record)
+
+
+def check_latch(latch, record: DivergenceRecord, where: str, reset_if_clear=False):
+    """Raise :class:`UHADivergenceError` if a *concrete* latch value is not 0.
+
+    With ``reset_if_clear``, a concrete latch at 0 (a fresh ``svi.init``, or a fit that
+    never diverged) clears the record of an earlier run.
+    """
+    if isinstance(latch, jax.core.Tracer):
+        return
+    if np.any(np.asarray(latch) != 0):
+        raise record.error(where)
+    if reset_if_clear:
+        record.reset()
+
+
+# ------------------------------------------------------------------------------ gate
+
+
+@jax.custom_vjp
+def gate(tree, stop):
+    """Identity on ``tree``; its gradient is zeroed where not finite or when ``stop``."""
+    return tree
+
+
+def _gate_fwd(tree, stop):
+    return tree, stop
+
+
+def _gate_bwd(stop, cotangent):
+    leaves = jax.tree.leaves(cotangent)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves])) if leaves else True
+    keep = jnp.logical_and(finite, jnp.logical_not(stop))
+    return jax.tree.map(lambda c: jnp.where(keep, c, jnp.zeros_like(c)), cotangent), None
+
+
+gate.defvjp(_gate_fwd, _gate_bwd)
+
+
+# ----------------------------------------------------------------------- record guard
+
+
+def _guard(record, log_weight, step_size, params):
+    def report(lw, eps, values):
+        fraction = jnp.mean(~jnp.isfinite(lw))
+
+        def on_host(fraction, eps, values):
+            record.record(fraction, eps, values)
+            return np.zeros((), np.asarray(fraction).dtype)
+
+        return jax.pure_callback(
+            on_host, jax.ShapeDtypeStruct((), lw.dtype), fraction.astype(lw.dtype), eps, values
+        )
+
+    return jax.lax.cond(
+        jnp.any(~jnp.isfinite(log_weight)),
+        report,
+        lambda lw, eps, values: jnp.zeros((), lw.dtype),
+        log_weight,
+        step_size,
+        params,
+    )
+
+
+def finite_guard(record: DivergenceRecord, log_weight, step_size, params):
+    """0.0, after recording on the host (never raising) if ``log_weight`` is not finite.
+
+    The host is only called on a diverging step: under ``vmap`` over particles the test
+    is reduced over the batch first, so the branch predicate stays unbatched and the
+    callback stays in a ``cond`` branch that a healthy step never takes.
+    """
+
+    @custom_vmap
+    def unbatched(lw, eps, values):
+        return _guard(record, lw, eps, values)
+
+    @unbatched.def_vmap
+    def batched(axis_size, in_batched, lw, eps, values):
+        eps = eps if not in_batched[1] else eps[0]
+        values = jax.tree.map(
+            lambda v, b: v[0] if b else v, values, in_batched[2]
+        )
+        return _guard(record, lw, eps, values), False
+
+    stop = jax.lax.stop_gradient
+    return unbatched(stop(log_weight), stop(step_size), jax.tree.map(stop, params))

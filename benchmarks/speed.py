@@ -12,6 +12,8 @@ ratio over runs and its range. Ratios are measured in the same process:
   the first call, compilation included, is reported too) and UHAGuide / the cost floor
   over N particles, and the same floor plus drawing the K·N·d Gaussian refresh noises any
   stochastic sampler must draw (the "stochastic floor");
+* the divergence check's cost: SVI step time with ``check_finite=True`` (the default:
+  gradient gate, latch parameter, recording branch) over ``check_finite=False``;
 * peak temporary memory of one compiled SVI step (XLA's ``memory_analysis``) at large K
   with and without ``remat=True``.
 
@@ -116,6 +118,8 @@ def measure(model, X, y, args):
     dais_guide = AutoDAIS(model, K=args.K)
     uha_step, uha_svi, uha_state = svi_step_time(model, uha_guide, X, y, args.num_particles, args.steps, args.repeats)
     dais_step, dais_svi, dais_state = svi_step_time(model, dais_guide, X, y, args.num_particles, args.steps, args.repeats)
+    unchecked_guide = UHAGuide(model, K=args.K, warm_start_steps=0, check_finite=False)
+    unchecked_step, _, _ = svi_step_time(model, unchecked_guide, X, y, args.num_particles, args.steps, args.repeats)
     floor_step = cost_floor(model, X, y, d, args.K, args.num_particles, args.repeats)
     uha_first, uha_draw = sample_time(uha_guide, uha_svi.get_params(uha_state), X, y, args.num_draws, args.repeats)
     dais_first, dais_draw = sample_time(dais_guide, dais_svi.get_params(dais_state), X, y, args.num_draws,
@@ -125,6 +129,8 @@ def measure(model, X, y, args):
     return {
         "uha_step_ms": 1e3 * uha_step, "autodais_step_ms": 1e3 * dais_step, "floor_step_ms": 1e3 * floor_step,
         "step_uha_over_autodais": uha_step / dais_step,
+        "uha_unchecked_step_ms": 1e3 * unchecked_step,
+        "step_check_over_no_check": uha_step / unchecked_step,
         "step_uha_over_floor": uha_step / floor_step,
         "step_autodais_over_floor": dais_step / floor_step,
         "uha_draws_s": uha_draw, "autodais_draws_s": dais_draw, "floor_draws_s": floor_draw,
@@ -197,13 +203,15 @@ def main(argv=None):
         "draws, after compilation (the first call, compile included, is shown too).\n\n"
         "| model | d | SVI step UHA / AutoDAIS (target ≤ 1.0) | SVI step UHA / floor (target ≤ 2.0) | "
         "AutoDAIS / floor | draws AutoDAIS / UHA (target ≥ 5) | draws UHA / floor (target ≤ 1.5) | "
-        "draws UHA / stochastic floor | first call AutoDAIS / UHA |\n|---|---|---|---|---|---|---|---|---|\n"
+        "draws UHA / stochastic floor | first call AutoDAIS / UHA | step check_finite on / off |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     for dataset, t in timings.items():
         table += (f"| {dataset} | {t['d']} | {cell(t, 'step_uha_over_autodais')} | {cell(t, 'step_uha_over_floor')} | "
                   f"{cell(t, 'step_autodais_over_floor')} | {cell(t, 'draws_autodais_over_uha', '{:.1f}')} | "
                   f"{cell(t, 'draws_uha_over_floor')} | {cell(t, 'draws_uha_over_stochastic_floor')} | "
-                  f"{cell(t, 'draws_autodais_over_uha_first_call', '{:.1f}')} |\n")
+                  f"{cell(t, 'draws_autodais_over_uha_first_call', '{:.1f}')} | "
+                  f"{cell(t, 'step_check_over_no_check')} |\n")
     table += "\nAbsolute medians (ms per SVI step; s per batch of draws):\n\n| model | UHA step | AutoDAIS step | floor step | UHA draws | AutoDAIS draws | floor draws | stochastic floor draws |\n|---|---|---|---|---|---|---|---|\n"
     for dataset, t in timings.items():
         md = t["median"]

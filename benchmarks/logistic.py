@@ -135,9 +135,9 @@ def run_dataset(name, args, rows):
                 )
                 try:
                     params, seconds = fit(model, guide, Trace_ELBO(), args.steps, args.lr, seed, model_args)
-                except (FloatingPointError, jax.errors.JaxRuntimeError) as err:
-                    # The guide stops training on a non-finite weight (inside the jitted
-                    # loop its FloatingPointError reaches us as a JaxRuntimeError).
+                except FloatingPointError as err:
+                    # A non-finite weight during training: svi.run ends with the guide's
+                    # UHADivergenceError (the parameters stopped at the last finite fit).
                     if "non-finite" not in str(err):
                         raise
                     diverged(method, K, "non-finite log weight during training")

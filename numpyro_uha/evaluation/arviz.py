@@ -2,9 +2,10 @@
 
 UHA draws are independent (each one is a fresh run of the annealed dynamics from a fresh
 z₁ ~ q), and each carries a log importance weight log w = log p(x, z) - log q(z) of the
-augmented proposal. This module turns them into an :class:`arviz.InferenceData`, checks
-the weights with Pareto-smoothed importance sampling (PSIS), and uses them for
-self-normalized importance-weighted moments and importance resampling.
+augmented proposal. This module turns them into an :class:`arviz.InferenceData` (by
+default importance-resampled, with a pointwise log-likelihood group for ``az.loo`` and
+``az.waic``), checks the weights with Pareto-smoothed importance sampling (PSIS), and uses
+them for self-normalized importance-weighted moments and importance resampling.
 """
 
 from __future__ import annotations
@@ -104,33 +105,74 @@ def _normalized_weights(log_w, smooth):
 
 
 def to_inference_data(
-    guide, rng_key, params, *args, num_samples=1000, num_chains=1, draws=None, **kwargs
+    guide,
+    rng_key,
+    params,
+    *args,
+    num_samples=1000,
+    num_chains=1,
+    draws=None,
+    resample=True,
+    log_likelihood=True,
+    **kwargs,
 ):
-    """UHA draws as an :class:`arviz.InferenceData`.
+    """UHA draws as an :class:`arviz.InferenceData`, importance-resampled by default.
 
     Draws ``num_chains * num_samples`` draws with
     :meth:`~numpyro_uha.UHAGuide.sample_posterior_with_log_weights` (or uses ``draws``)
     and stores them with dimensions ``("chain", "draw", ...)``.
 
+    **The importance weights.** UHA draws are not posterior draws: they come from the
+    UHA approximation and each carries a log importance weight log w. ArviZ treats the
+    ``posterior`` group as (equally weighted) posterior draws, and so do ``az.loo``,
+    ``az.waic``, ``az.compare`` and ``az.summary``. So by default (``resample=True``)
+    the ``posterior`` and ``log_likelihood`` groups hold draws *resampled* from the
+    UHA draws with probabilities proportional to their weights (multinomial, as in
+    :func:`importance_resample`, as many draws as UHA draws). Those are approximately
+    posterior draws, consistent as the number of draws grows, and LOO/WAIC computed
+    from them estimate the *posterior's* predictive accuracy. Resampled draws repeat
+    UHA draws; their information is that of the weights' effective sample size
+    (``attrs["importance_ess"]``), not of their number, and the Monte Carlo error of
+    any estimate from them is larger than for as many independent posterior draws.
+    Check the weights first: with ``attrs["pareto_khat"]`` ≥ 0.7 (:func:`khat_verdict`)
+    the resampled draws, and anything computed from them, should not be trusted.
+
+    With ``resample=False`` the groups hold the UHA draws themselves, unweighted:
+    ``az.summary``, ``az.loo`` and ``az.waic`` then describe the UHA approximation, not
+    the posterior, and ``sample_stats.log_weight`` holds each draw's weight (e.g. for
+    :func:`psis_khat` or :func:`weighted_moments`).
+
     UHA draws are independent, so the "chains" are an arbitrary split of one set of
-    independent draws, there only because ArviZ's diagnostics expect a chain
-    dimension: R-hat is ≈ 1 by construction and the effective sample size is ≈ the
-    number of draws. Both describe the *unweighted* draws, i.e. the UHA approximation
-    itself, not how close it is to the posterior; for that, look at the importance
-    weights (``sample_stats.log_weight``, :func:`psis_khat`).
+    draws, there only because ArviZ's diagnostics expect a chain dimension: R-hat is
+    ≈ 1 by construction and the effective sample size ArviZ reports is ≈ the number of
+    draws (it cannot see that resampled draws repeat).
 
     Groups:
 
     - ``posterior``: every latent site (constrained) and deterministic site, under the
       model's site names;
-    - ``sample_stats``: ``log_weight``, the UHA log importance weight of each draw;
+    - ``log_likelihood``: for every observed site, the pointwise log-likelihood
+      log p(y | θ) at each draw (the site's ``log_prob`` with event dimensions summed,
+      one value per element of its batch shape, e.g. per data point of a plate),
+      computed by running the model with the same ``*args, **kwargs`` and the draw
+      substituted (:func:`numpyro.infer.log_likelihood`); only where the model has
+      observed sites and ``log_likelihood=True``;
+    - ``sample_stats``: with ``resample=True``, ``uha_draw``: the index of the UHA
+      draw each draw copies (into ``draws`` when given); with ``resample=False``,
+      ``log_weight``: the UHA log importance weight of each draw;
     - ``observed_data``: the observed sites' values for these model arguments (only
       when the model has observed sites).
 
+    ``attrs`` record ``weighting`` (``"importance_resampled"`` or ``"none"``),
+    ``num_uha_draws``, and the weights' ``pareto_khat`` (:func:`psis_khat`) and
+    ``importance_ess`` ((Σw)²/Σw²), computed on all UHA draws before resampling.
+
     Args:
         guide: a :class:`~numpyro_uha.UHAGuide` that has been set up (trained).
-        rng_key: JAX random key for the draws (unused when ``draws`` is given).
-        params: the trained parameters, e.g. ``svi_result.params``.
+        rng_key: JAX random key for the draws and the resampling; with ``draws`` given
+            it seeds the resampling only, and ``None`` means ``PRNGKey(0)``.
+        params: the trained parameters, e.g. ``svi_result.params`` (the model's own
+            ``numpyro.param`` values among them are used for the log-likelihood).
         *args: the model's positional arguments (the data used in training).
         num_samples: draws per chain.
         num_chains: number of chains the draws are split into.
@@ -138,11 +180,15 @@ def to_inference_data(
             ones; any sample shape whose size is a multiple of ``num_chains``. It is
             split into ``num_chains`` chains of equal length (``num_samples`` is
             ignored).
+        resample: build the ``posterior`` and ``log_likelihood`` groups from
+            importance-resampled draws (default) rather than from the UHA draws as
+            they are (see above).
+        log_likelihood: add the ``log_likelihood`` group.
         **kwargs: the model's keyword arguments.
 
     Returns:
         arviz.InferenceData: with groups ``posterior``, ``sample_stats`` and, where the
-        model observes data, ``observed_data``.
+        model observes data, ``log_likelihood`` and ``observed_data``.
 
     Raises:
         ValueError: if ``num_samples`` or ``num_chains`` is not a positive integer, or the
@@ -154,9 +200,12 @@ def to_inference_data(
     num_chains = _check_positive_int("num_chains", num_chains)
     if draws is None:
         num_samples = _check_positive_int("num_samples", num_samples)
+        draw_key, resample_key = jax.random.split(rng_key)
         draws = guide.sample_posterior_with_log_weights(
-            rng_key, params, *args, sample_shape=(num_chains * num_samples,), **kwargs
+            draw_key, params, *args, sample_shape=(num_chains * num_samples,), **kwargs
         )
+    else:
+        resample_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     log_w, total, sample_shape = _check_draws(draws, "to_inference_data")
     if total % num_chains:
         raise ValueError(
@@ -164,11 +213,17 @@ def to_inference_data(
             f"num_chains={num_chains} chains."
         )
     per_chain = total // num_chains
-    posterior = {
-        name: value.reshape((num_chains, per_chain) + value.shape[1:])
-        for name, value in _flat_samples(draws, sample_shape, total).items()
-    }
-    sample_stats = {"log_weight": log_w.reshape(num_chains, per_chain)}
+
+    def by_chain(value):
+        return value.reshape((num_chains, per_chain) + value.shape[1:])
+
+    samples = _flat_samples(draws, sample_shape, total)
+    index = _resample_index(resample_key, log_w, total) if resample else np.arange(total)
+    posterior = {name: by_chain(value[index]) for name, value in samples.items()}
+    if resample:
+        sample_stats = {"uha_draw": by_chain(index)}
+    else:
+        sample_stats = {"log_weight": by_chain(log_w)}
 
     with handlers.block():
         model_trace = handlers.trace(handlers.seed(guide.model, 0)).get_trace(*args, **kwargs)
@@ -177,14 +232,57 @@ def to_inference_data(
         for name, site in model_trace.items()
         if site["type"] == "sample" and site["is_observed"]
     }
-    attrs = {"inference_library": "numpyro_uha", "num_transitions": getattr(guide, "K", None)}
+    log_lik = None
+    if observed and log_likelihood:
+        # At the distinct UHA draws, then copied along with them.
+        pointwise = _pointwise_log_likelihood(
+            guide, params, samples, args, kwargs, getattr(guide, "sample_batch_size", 1024)
+        )
+        log_lik = {name: by_chain(value[index]) for name, value in pointwise.items()}
+
+    w = np.exp(log_w - np.max(log_w))
+    attrs = {
+        "inference_library": "numpyro_uha",
+        "num_transitions": getattr(guide, "K", None),
+        "weighting": "importance_resampled" if resample else "none",
+        "num_uha_draws": total,
+        "pareto_khat": psis_khat(log_w),
+        "importance_ess": float(np.sum(w) ** 2 / np.sum(w**2)),
+    }
     attrs = {key: value for key, value in attrs.items() if value is not None}
     return az.from_dict(
         posterior=posterior,
+        log_likelihood=log_lik,
         sample_stats=sample_stats,
         observed_data=observed or None,
         attrs=attrs,
     )
+
+
+def _pointwise_log_likelihood(guide, params, samples, args, kwargs, batch_size):
+    """site name -> log p(y_site | θ) for every observed site, one row per draw.
+
+    The model runs with each draw substituted (``numpyro.infer.log_likelihood``) and its
+    own ``numpyro.param`` sites set from ``params``, ``batch_size`` draws at a time.
+    """
+    from numpyro.infer import log_likelihood
+
+    model_params = dict(params) if isinstance(params, dict) else {}
+
+    def param_value(site):
+        if site["type"] == "param" and site["name"] in model_params:
+            return model_params[site["name"]]
+        return None
+
+    model = handlers.seed(handlers.substitute(guide.model, substitute_fn=param_value), 0)
+    num_draws = next(iter(samples.values())).shape[0]
+    chunks = []
+    for start in range(0, num_draws, batch_size):
+        chunk = {name: value[start : start + batch_size] for name, value in samples.items()}
+        with handlers.block():
+            values = log_likelihood(model, chunk, *args, parallel=True, batch_ndims=1, **kwargs)
+        chunks.append({name: np.asarray(value) for name, value in values.items()})
+    return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
 
 
 # ------------------------------------------------------------------- diagnostics
@@ -319,8 +417,13 @@ def importance_resample(rng_key, draws, num_samples=None) -> dict:
     """
     log_w, n, sample_shape = _check_draws(draws, "importance_resample")
     num_samples = n if num_samples is None else _check_positive_int("num_samples", num_samples)
+    index = _resample_index(rng_key, log_w, num_samples)
+    return {name: x[index] for name, x in _flat_samples(draws, sample_shape, n).items()}
+
+
+def _resample_index(rng_key, log_w, num_samples) -> np.ndarray:
+    """``num_samples`` indices drawn with replacement, with probabilities ∝ exp(log_w)."""
     # Gumbel-max categorical draws on the log weights: exact, and -inf means never picked.
-    index = np.asarray(
+    return np.asarray(
         jax.random.categorical(rng_key, log_w - np.max(log_w), shape=(num_samples,))
     )
-    return {name: x[index] for name, x in _flat_samples(draws, sample_shape, n).items()}

@@ -1,8 +1,10 @@
 """Evaluation layer: log Z estimates, Hamiltonian AIS, the log Z sandwich, a log Z bracket
-from posterior draws alone, K extrapolation, ArviZ export with PSIS k̂, and moment comparisons against NUTS.
+from posterior draws alone, K extrapolation, ArviZ export (importance-resampled, with the
+pointwise log-likelihood for LOO and WAIC) with PSIS k̂, and moment comparisons against NUTS.
 
-Guide-level functions take a trained :class:`~numpyro_uha.UHAGuide`; the ``annealed_*``
-functions and :func:`hais_grid_search` work on any JAX log density.
+Guide-level functions take a trained :class:`~numpyro_uha.UHAGuide` (:func:`log_z` takes
+any NumPyro AutoGuide); the ``annealed_*`` functions and :func:`hais_grid_search` work on
+any JAX log density.
 """
 
 from numpyro_uha.evaluation.arviz import (

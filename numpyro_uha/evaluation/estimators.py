@@ -422,18 +422,35 @@ def _guide_positions(guide, params, posterior_samples, args, kwargs):
 
 
 def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int | None = None, **kwargs) -> LogZEstimate:
-    """log Z estimates of a trained :class:`~numpyro_uha.UHAGuide`.
+    """log Z estimates of a trained :class:`~numpyro_uha.UHAGuide` or any NumPyro AutoGuide.
 
-    Runs ``num_draws`` UHA chains on the model with ``*args, **kwargs`` (the data it was
-    trained on) and returns the ELBO (mean log weight) and the importance-weighted bound
-    log (1/N) Σ w_i, each with a standard error, the effective sample size of the
-    weights, N and K.
+    For a UHAGuide, runs ``num_draws`` UHA chains on the model with ``*args, **kwargs``
+    (the data it was trained on). For any other AutoGuide (``AutoNormal``,
+    ``AutoMultivariateNormal``, ``AutoDAIS``, ...), draws ``num_draws`` times from the
+    guide and takes log w = log p(x, z) - log q(z) of each draw
+    (:func:`~numpyro_uha.evaluation.guide_log_weights`; for AutoDAIS its own annealed
+    weight). Either way it returns the ELBO (mean log weight) and the importance-weighted
+    bound log (1/N) Σ w_i, each with a standard error, the effective sample size of the
+    weights, N and K (``None`` for a guide without one). A hand-written guide function has
+    no model attached: use ``log_z_from_weights(guide_log_weights(key, model, guide, params,
+    num_draws, *args))`` for it.
 
     Example::
 
         est = log_z(guide, random.PRNGKey(1), svi_result.params, X, y, num_draws=10_000)
         print(est)  # ELBO -111.8 ± 0.02 | IW log Z -108.9 ± 0.05 | ESS ...
+
+    Raises:
+        TypeError: if ``guide`` is not a NumPyro AutoGuide.
     """
+    from numpyro_uha.evaluation.logz import _autoguide_log_z
+    from numpyro_uha.guide import UHAGuide
+
+    if not isinstance(guide, UHAGuide):
+        return _autoguide_log_z(
+            guide, rng_key, params, *args, num_draws=num_draws,
+            batch_size=batch_size or 1000, **kwargs,
+        )
     logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
     return annealed_log_z(
         rng_key, logdensity_fn, annealing, num_draws,

@@ -1,4 +1,5 @@
-"""log Z estimates with standard errors from UHA (or any importance) log weights."""
+"""log Z estimates with standard errors from UHA (or any importance) log weights, and
+from the log weights of any NumPyro AutoGuide."""
 
 from __future__ import annotations
 
@@ -90,3 +91,66 @@ def guide_log_weights(rng_key, model, guide, params, num_draws: int, *args, batc
     return np.concatenate(
         [np.asarray(one(keys[i : i + batch_size])) for i in range(0, num_draws, batch_size)]
     )
+
+
+def _autoguide_log_z(
+    guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int = 1000, **kwargs
+) -> LogZEstimate:
+    """:class:`LogZEstimate` of any trained NumPyro AutoGuide, from :func:`guide_log_weights`.
+
+    Each log weight is log p(x, z) - log q(z) of one draw from the guide (for AutoDAIS
+    its own annealed weight on the augmented space), so ``elbo`` is the guide's ELBO,
+    the quantity ``-Trace_ELBO().loss`` estimates. ``num_transitions`` is the guide's
+    ``K`` where it has one (AutoDAIS), else ``None``.
+
+    :func:`~numpyro_uha.evaluation.log_z` calls this for every guide that is not a
+    :class:`~numpyro_uha.UHAGuide` (for which it runs the annealing chains directly).
+
+    Raises:
+        TypeError: if ``guide`` is not a NumPyro AutoGuide (a hand-written guide
+            function: combine :func:`guide_log_weights`, which takes the model, with
+            :func:`log_z_from_weights`).
+        RuntimeError: if the guide has not been set up (trained) yet.
+        ValueError: if ``num_draws`` is not an integer ≥ 2, or ``params`` lacks some of
+            the guide's parameters.
+    """
+    from numpyro import handlers
+    from numpyro.infer.autoguide import AutoGuide
+
+    if not isinstance(guide, AutoGuide):
+        if callable(guide):
+            raise TypeError(
+                f"log_z: {getattr(guide, '__name__', type(guide).__name__)!r} is not a NumPyro "
+                "AutoGuide, so log_z cannot find its model. For a hand-written guide "
+                "function use log_z_from_weights(guide_log_weights(rng_key, model, guide, "
+                "params, num_draws, *args)) (numpyro_uha.evaluation)."
+            )
+        raise TypeError(
+            "log_z: expected a NumPyro guide (a UHAGuide or another "
+            f"numpyro.infer.autoguide.AutoGuide such as AutoNormal), got {type(guide).__name__}."
+        )
+    if getattr(guide, "prototype_trace", None) is None:
+        raise RuntimeError(
+            f"log_z: the {type(guide).__name__} has not been set up: train it first "
+            "(svi.run(...)) and pass its params."
+        )
+    if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 2:
+        raise ValueError(f"num_draws must be an integer ≥ 2, got {num_draws!r}.")
+    # An AutoGuide creates any parameter missing from params at its initial value, which
+    # would silently score an untrained guide.
+    with handlers.block():
+        guide_trace = handlers.trace(
+            handlers.seed(handlers.substitute(guide, data=params), 0)
+        ).get_trace(*args, **kwargs)
+    missing = sorted(
+        name for name, site in guide_trace.items() if site["type"] == "param" and name not in params
+    )
+    if missing:
+        raise ValueError(
+            f"log_z: params lacks the {type(guide).__name__}'s parameter(s) {missing}; pass "
+            "the params of the trained guide (svi_result.params)."
+        )
+    log_w = guide_log_weights(
+        rng_key, guide.model, guide, params, int(num_draws), *args, batch_size=batch_size, **kwargs
+    )
+    return log_z_from_weights(log_w, getattr(guide, "K", None))

@@ -241,9 +241,10 @@ def test_draws_in_chunks_match_one_batch(fitted):
 def test_median_defaults_to_first_call_arguments(fitted):
     guide, params = fitted
     median = guide.median(params)
-    assert set(median) == {"mu", "theta"}  # latent sites only
+    assert set(median) == {"mu", "theta", "total"}  # latent and deterministic sites
     assert median["mu"].shape == ()
     assert median["theta"].shape == (3,)
+    assert median["total"].shape == (3,)
     explicit = guide.median(params, Y1)
     for name in median:
         np.testing.assert_allclose(median[name], explicit[name])
@@ -252,9 +253,10 @@ def test_median_defaults_to_first_call_arguments(fitted):
 def test_quantiles_shapes_and_order(fitted):
     guide, params = fitted
     quantiles = guide.quantiles(params, [0.1, 0.5, 0.9], Y1)
-    assert set(quantiles) == {"mu", "theta"}
+    assert set(quantiles) == {"mu", "theta", "total"}
     assert quantiles["mu"].shape == (3,)
     assert quantiles["theta"].shape == (3, 3)
+    assert quantiles["total"].shape == (3, 3)
     for value in quantiles.values():
         assert bool(jnp.all(value[0] < value[1])) and bool(jnp.all(value[1] < value[2]))
     # the 0.5 quantile is the median (same default key and number of draws)

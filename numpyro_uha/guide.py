@@ -124,9 +124,12 @@ class UHAGuide(AutoContinuous):
     - ``"momentum"``: the diagonal momentum covariance Σ;
     - ``"schedule"``: the strictly increasing β_1 < ... < β_K in (0, 1);
     - ``"bridge"``: ψ, the slopes making q_ψ(β)'s mean and scale affine in β;
-    - ``"drift"``: δ, a per-coordinate factor on the leapfrog's position update
-      (z += ε δ Σ⁻¹ ρ), starting at 1. Together with Σ it sets how far each coordinate
-      drifts and how hard it is kicked separately, as AutoDAIS's step and mass do.
+    - ``"drift"``: δ, a per-coordinate factor on the step size, starting at 1:
+      coordinate i drifts and is kicked with the step ε δ_i (z += ε δ Σ⁻¹ ρ,
+      ρ += ε δ ∇ log π), so the leapfrog still conserves the energy
+      −log π + ½ ρᵀ Σ⁻¹ ρ that the weight uses, to second order in ε, and approaches
+      exact annealing as K grows for every δ. Σ sets the mass (how momentum turns into
+      motion, and the refresh); δ lets each coordinate's step differ from ε.
 
     A frozen group keeps its initial value and is not registered as a ``numpyro.param``.
     The paper's basic UHA tunes ``q``, ``step_size`` and ``damping`` only, with
@@ -372,9 +375,18 @@ class UHAGuide(AutoContinuous):
             scale = jnp.sqrt(jnp.sum(scale**2, axis=-1))
         return loc, scale
 
-    def _validate_model(self, args, kwargs):
+    def _trace_at_init(self, model, args, kwargs):
+        """The model's trace with latent values from ``init_loc_fn``, as NumPyro's own
+        initialization traces it: works for improper priors (``ImproperUniform``), which
+        cannot be sampled, and never touches the caller's random key."""
         with handlers.block():
-            model_trace = handlers.trace(handlers.seed(self.model, 0)).get_trace(*args, **kwargs)
+            init_model = handlers.substitute(
+                handlers.seed(model, 0), substitute_fn=self.init_loc_fn
+            )
+            return handlers.trace(init_model).get_trace(*args, **kwargs)
+
+    def _validate_model(self, args, kwargs):
+        model_trace = self._trace_at_init(self.model, args, kwargs)
         latent = []
         for name, site in model_trace.items():
             if site["type"] == "plate":
@@ -434,15 +446,19 @@ class UHAGuide(AutoContinuous):
         model = self._conditioned_model(model_params)
         self._check_same_latents(model, args, kwargs)
 
+        # Seeded inside the block: NumPyro's block lets "prng_key" messages through, so a
+        # model drawing keys (e.g. numpyro.contrib.control_flow.scan) would otherwise split
+        # the caller's key inside a JAX transform (the warm start's scan) and leak a tracer.
+        seeded = handlers.seed(model, rng_seed=0)
+
         def logdensity_fn(z):
             with handlers.block():
-                return -potential_energy(model, args, kwargs, self._unpack_latent(z))
+                return -potential_energy(seeded, args, kwargs, self._unpack_latent(z))
 
         return logdensity_fn
 
     def _check_same_latents(self, model, args, kwargs):
-        with handlers.block():
-            model_trace = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
+        model_trace = self._trace_at_init(model, args, kwargs)
         extra = [
             name
             for name, site in model_trace.items()
@@ -629,7 +645,8 @@ class UHAGuide(AutoContinuous):
             check_latch(params[self._latch_name], self._divergence, "in the params given")
         bad = sorted(
             name for name, value in params.items()
-            if not bool(jnp.all(jnp.isfinite(jnp.asarray(value))))
+            # NumPy, not jnp: under an outer jit even a concrete value's jnp result is traced
+            if not np.all(np.isfinite(np.asarray(value)))
         )
         if bad:
             raise FloatingPointError(
@@ -747,9 +764,11 @@ class UHAGuide(AutoContinuous):
         stays strictly increasing from 0 to 1. Every step size is multiplied by
         log(K_old + 1) / log(K + 1), the paper's rule written in its count of bridging
         densities (K + 1 for K transitions); ``max_step_size`` is scaled by the same factor
-        so that the whole ε(β) curve scales exactly. All other parameters are unchanged.
-        Meant for ``K`` at least the trained K (a smaller K warns: the larger steps can
-        destabilize the dynamics).
+        so that the whole ε(β) curve scales exactly (``step_size_slope`` is kept). All
+        other parameters are unchanged: with δ and Σ kept, every per-coordinate step
+        ε(β) δ_i (drift and kick alike) scales by the same factor. Meant for ``K`` at
+        least the trained K (a smaller K warns: the larger steps can destabilize the
+        dynamics).
         """
         import copy
 

@@ -131,3 +131,27 @@ def test_guide_methods_under_jit_and_vmap_match_eager_calls():
     for i in range(3):
         single = guide.sample_posterior(keys[i], result.params, Y, sample_shape=(4,))
         np.testing.assert_allclose(batched["a"][i], single["a"], rtol=1e-5, atol=1e-6)
+
+
+def dependent_support(obs):
+    x = numpyro.sample("x", dist.LogNormal(0.0, 1.0))
+    y = numpyro.sample("y", dist.Uniform(0.0, x))  # support depends on the latent x
+    numpyro.sample("o", dist.Normal(y, 0.5), obs=obs)
+
+
+def test_a_support_that_depends_on_another_latent_holds_at_every_draw():
+    guide = UHAGuide(dependent_support, K=4, warm_start_steps=100)
+    result = fit(dependent_support, guide, 0.7, steps=200)
+    draws = guide.sample_posterior(jax.random.PRNGKey(1), result.params, 0.7, sample_shape=(2000,))
+    assert np.all(draws["y"] > 0) and np.all(draws["y"] < draws["x"])
+    # the log density uses each draw's own x for y's transform: y = x · sigmoid(u)
+    log_x, u = 0.4, -0.3
+    x = jnp.exp(log_x)
+    y = x * jax.nn.sigmoid(u)
+    expected = (
+        dist.LogNormal(0.0, 1.0).log_prob(x) + log_x
+        - jnp.log(x) + jnp.log(x * jax.nn.sigmoid(u) * (1 - jax.nn.sigmoid(u)))
+        + dist.Normal(y, 0.5).log_prob(0.7)
+    )
+    logdensity = guide.get_logdensity_fn(result.params, 0.7)
+    np.testing.assert_allclose(logdensity(jnp.array([log_x, u])), expected, rtol=1e-5)

@@ -1,0 +1,86 @@
+"""The model zoo (benchmarks/zoo.py, benchmarks/zoo_models.py): its smoke run, and its
+cached NUTS references (no NUTS runs here)."""
+
+import json
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from benchmark_smoke import ROOT, run_smoke
+from numpyro import handlers
+from numpyro.distributions import biject_to
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.infer.util import log_density, potential_energy
+
+sys.path.insert(0, str(ROOT))
+from benchmarks.zoo import MAX_RHAT, MIN_ESS, REFERENCE_DIR, load_reference  # noqa: E402
+from benchmarks.zoo_models import ZOO  # noqa: E402
+
+NAMES = sorted(ZOO)
+
+
+def _latent_supports(model, args):
+    traced = handlers.substitute(handlers.seed(model, 0), substitute_fn=init_to_uniform)
+    tr = handlers.trace(traced).get_trace(*args)
+    return {
+        name: (site["fn"].support, jnp.shape(site["value"]))
+        for name, site in tr.items()
+        if site["type"] == "sample" and not site["is_observed"]
+    }
+
+
+def test_zoo_has_twenty_models():
+    assert len(ZOO) >= 20
+
+
+def test_zoo_smoke(tmp_path):
+    run_smoke("zoo", tmp_path)
+    payload = json.loads((tmp_path / "smoke.json").read_text())
+    assert {r["guide"] for r in payload["runs"]} == {"UHAGuide", "AutoNormal", "AutoMultivariateNormal", "AutoDAIS"}
+    for run in payload["runs"]:
+        assert run["status"] in ("ok", "nan", "error")
+        if run["status"] == "error":
+            assert run["error_type"] and run["error"]
+        else:
+            assert run["max_mean_err"] is None or np.isfinite(run["max_mean_err"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_exists_and_is_good(name):
+    moments, record = load_reference(name)
+    assert moments is not None, f"no NUTS reference for {name} in {REFERENCE_DIR}"
+    assert record["max_rhat"] <= MAX_RHAT, record["max_rhat"]
+    assert record["min_ess_bulk"] >= MIN_ESS, record["min_ess_bulk"]
+    assert record["ok"]
+    assert record["command"].startswith("python -m benchmarks.zoo --nuts")
+    assert record["settings"]["chains"] >= 4 and record["settings"]["samples"] >= 2000
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_log_density_finite_at_reference_median(name):
+    """At NUTS's posterior median, taken coordinate-wise in unconstrained space (the
+    constrained median for scalar sites; a point of the support for simplex and LKJ
+    sites, whose coordinate-wise constrained median is not), the model's log density and
+    potential energy are finite."""
+    entry = ZOO[name]
+    moments, _ = load_reference(name)
+    supports = _latent_supports(entry.model, entry.args)
+    assert set(moments) == set(supports)
+    data = np.load(REFERENCE_DIR / f"{name}.npz")
+    unconstrained, median = {}, {}
+    for k, (support, shape) in supports.items():
+        draws = jnp.asarray(data[f"draws/{k}"], jnp.float32)
+        assert draws.shape[2:] == shape, (k, draws.shape, shape)
+        draws = draws.reshape((-1,) + shape)
+        t = biject_to(support)
+        unconstrained[k] = jnp.median(t.inv(draws), axis=0)
+        median[k] = t(unconstrained[k])
+        assert bool(jnp.all(support(median[k]))), f"{name}: the median of {k} is outside its support"
+        if not shape:
+            np.testing.assert_allclose(median[k], moments[k][2], rtol=0, atol=0.1 * float(moments[k][1]))
+    log_joint, _ = log_density(entry.model, entry.args, {}, median)
+    assert np.isfinite(float(log_joint)), f"{name}: log density {log_joint} at the NUTS median"
+    energy = potential_energy(entry.model, entry.args, {}, unconstrained)
+    assert np.isfinite(float(energy)), f"{name}: potential energy {energy} at the NUTS median"

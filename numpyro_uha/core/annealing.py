@@ -84,8 +84,11 @@ class AnnealingParams(NamedTuple):
         bridge_loc_slope: ψ's mean slope; q_ψ(β) has mean ``loc + β · bridge_loc_slope``.
         bridge_log_scale_slope: ψ's scale slope; q_ψ(β) has scale
             ``exp(β · bridge_log_scale_slope) · scale``.
-        drift_scale: δ, positive, shape ``(d,)``: multiplies the leapfrog's position
-            update (see ``integrators.py``); ``None`` (the default) means 1.
+        drift_scale: δ, positive, shape ``(d,)``: a per-coordinate factor on the step
+            size, so coordinate i drifts and is kicked with the step ε_m δ_i
+            (z += ε δ Σ⁻¹ ρ, ρ += ε δ ∇ log π_m); the leapfrog then still conserves the
+            energy −log π_m + ½ ρᵀ Σ⁻¹ ρ that the weight and the Metropolis test use, to
+            second order (see ``integrators.py``). ``None`` (the default) means 1.
     """
 
     loc: jax.Array

@@ -2,11 +2,20 @@
 
 The momentum distribution is S(ρ) = N(0, Σ) with Σ = diag(momentum_scale²), so the
 kinetic energy is ½ ρᵀ Σ⁻¹ ρ and the position moves by ε Σ⁻¹ ρ. An optional positive
-per-coordinate ``drift_scale`` δ multiplies the position update, z += ε δ Σ⁻¹ ρ, which
-decouples how far a coordinate drifts from how hard it is kicked (with δ = 1 the map is
-the usual leapfrog for the kinetic energy above). Either way every drift and kick is a
-shear, so the map has unit Jacobian and is its own inverse after a momentum flip: all
-the UHA weight (paper eq. 13) needs, whatever δ is.
+per-coordinate ``drift_scale`` δ makes the step size per-coordinate: coordinate i drifts
+*and* is kicked with the step ε δ_i,
+
+    z ← z + ε δ Σ⁻¹ ρ,        ρ ← ρ + ε δ ∇ log π(z).
+
+This discretizes the flow dz/dt = D Σ⁻¹ ρ, dρ/dt = D ∇ log π(z) with D = diag(δ): its
+structure matrix [[0, D], [−D, 0]] is constant and antisymmetric, so it conserves the
+same energy H = −log π(z) + ½ ρᵀ Σ⁻¹ ρ as the δ = 1 flow (the one the weight's log S
+and the Metropolis test of the corrected sampler use), and its Strang splitting below
+is symmetric and second order: the energy error of one step is O(ε³) whatever δ, Σ and
+the bridge are. (Scaling the drift alone would conserve the energy of the mass Σ / δ
+instead, an O(ε) error per step under the weight's Σ.) Every drift and kick is a shear,
+so the map has unit Jacobian and is its own inverse after a momentum flip: all the UHA
+weight (paper eq. 13) needs.
 
 * :func:`leapfrog` is **velocity Verlet** (kick, drift, kick). Its state carries the
   value and gradient of the *target* log density at the current position, so a step
@@ -72,21 +81,24 @@ def leapfrog(
         bridge_grad: (z, ∇ log p̄(z)) ↦ ∇ log π(z), the gradient of the density being
             simulated, built from the cached target gradient.
         num_steps: L, leapfrog steps (static).
-        drift_scale: δ, positive, shape ``(d,)``, multiplying the position update;
-            ``None`` means 1.
+        drift_scale: δ, positive, shape ``(d,)``: the per-coordinate factor on the step
+            size, multiplying both the position update and the kicks (coordinate i uses
+            the step ε δ_i); ``None`` means 1.
 
     Returns:
-        The new state. The map (z, ρ) ↦ (z', ρ') has unit Jacobian, and following it by
-        a momentum flip makes it its own inverse.
+        The new state. The map (z, ρ) ↦ (z', ρ') has unit Jacobian, following it by a
+        momentum flip makes it its own inverse, and it conserves log π(z) + log S(ρ) to
+        O(ε³) per step.
     """
-    inverse_mass = _drift_factor(momentum_scale, drift_scale)
+    step = _coordinate_step(step_size, drift_scale)
+    drift = step / momentum_scale**2
 
     def one_step(_, current: IntegratorState) -> IntegratorState:
         z, rho, _, grad_target = current
-        rho = rho + 0.5 * step_size * bridge_grad(z, grad_target)
-        z = z + step_size * inverse_mass * rho
+        rho = rho + 0.5 * step * bridge_grad(z, grad_target)
+        z = z + drift * rho
         logdensity, grad_target = target_value_and_grad(z)
-        rho = rho + 0.5 * step_size * bridge_grad(z, grad_target)
+        rho = rho + 0.5 * step * bridge_grad(z, grad_target)
         return IntegratorState(z, rho, logdensity, grad_target)
 
     if num_steps == 1:
@@ -117,15 +129,16 @@ def drift_kick_drift(
         drift_scale: δ as in :func:`leapfrog`; ``None`` means 1.
 
     Returns:
-        ``(z', ρ')``. Like :func:`leapfrog`, the map has unit Jacobian and is its own
-        inverse after a momentum flip.
+        ``(z', ρ')``. Like :func:`leapfrog`, the map has unit Jacobian, is its own
+        inverse after a momentum flip and conserves log π + log S to O(ε³) per step.
     """
-    half_drift = 0.5 * step_size * _drift_factor(momentum_scale, drift_scale)
+    step = _coordinate_step(step_size, drift_scale)
+    half_drift = 0.5 * step / momentum_scale**2
 
     def one_step(_, carry):
         z, rho = carry
         z = z + half_drift * rho
-        rho = rho + step_size * bridge_grad(z, target_grad(z))
+        rho = rho + step * bridge_grad(z, target_grad(z))
         return z + half_drift * rho, rho
 
     if num_steps == 1:
@@ -133,7 +146,6 @@ def drift_kick_drift(
     return jax.lax.fori_loop(0, num_steps, one_step, (position, momentum))
 
 
-def _drift_factor(momentum_scale, drift_scale):
-    """δ Σ⁻¹, the factor between momentum and position change."""
-    inverse_mass = 1.0 / momentum_scale**2
-    return inverse_mass if drift_scale is None else drift_scale * inverse_mass
+def _coordinate_step(step_size, drift_scale):
+    """ε δ, the per-coordinate step of both the drift and the kick (ε where δ is None)."""
+    return step_size if drift_scale is None else step_size * drift_scale

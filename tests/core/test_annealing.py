@@ -113,7 +113,7 @@ def _algorithm3_reference(
 ):
     """Plain-Python transcription of Algorithms 3 and 5 (one draw), drawing the same
     random numbers as the scanned implementation; position Verlet swaps the leapfrog's
-    order, and δ multiplies every drift."""
+    order, and δ multiplies the step of every drift and every kick."""
     loc, scale, betas, step_sizes, eta, sigma, loc_slope, log_scale_slope, delta = params
     delta = 1.0 if delta is None else delta
     dim = loc.shape[0]
@@ -140,12 +140,12 @@ def _algorithm3_reference(
         x, r = z, rho_prime
         for _ in range(num_leapfrog_steps):
             if integrator == "velocity_verlet":
-                r = r + 0.5 * eps * grad_log_pi(x)
+                r = r + 0.5 * eps * delta * grad_log_pi(x)
                 x = x + eps * delta * r / sigma**2
-                r = r + 0.5 * eps * grad_log_pi(x)
+                r = r + 0.5 * eps * delta * grad_log_pi(x)
             else:
                 x = x + 0.5 * eps * delta * r / sigma**2
-                r = r + eps * grad_log_pi(x)
+                r = r + eps * delta * grad_log_pi(x)
                 x = x + 0.5 * eps * delta * r / sigma**2
         z_sim, rho_sim = x, -r
         # 3. reverse the momentum

@@ -85,20 +85,53 @@ def test_cached_gradient_is_the_gradient_at_the_new_position():
     np.testing.assert_allclose(out.target_grad, jax.grad(target)(out.position), rtol=1e-5)
 
 
-def test_drift_scale_scales_only_the_position_update():
-    """With a zero gradient the kick vanishes, so z moves by exactly ε δ Σ⁻¹ ρ."""
+def test_drift_scale_is_a_per_coordinate_step():
+    """With a constant gradient g, one step moves ρ by exactly ε δ g and z by
+    ε δ Σ⁻¹ (ρ + ε δ g / 2): δ scales the kick as well as the drift, in both orders."""
     z, rho = jnp.zeros(DIM), jnp.array([1.0, -2.0, 0.5])
-    flat = lambda x, g: jnp.zeros_like(x)
+    g = jnp.array([0.4, 1.0, -0.7])
+    constant = lambda x, grad_target: g
+    step = 0.3 * DRIFT_SCALE
     for order in ("velocity", "position"):
         if order == "position":
             z_new, rho_new = drift_kick_drift(
-                z, rho, 0.3, MOMENTUM_SCALE, jax.grad(target), flat, 1, DRIFT_SCALE
+                z, rho, 0.3, MOMENTUM_SCALE, jax.grad(target), constant, 1, DRIFT_SCALE
             )
         else:
             out = leapfrog(
                 IntegratorState(z, rho, 0.0, jnp.zeros(DIM)), 0.3, MOMENTUM_SCALE,
-                jax.value_and_grad(target), flat, 1, DRIFT_SCALE,
+                jax.value_and_grad(target), constant, 1, DRIFT_SCALE,
             )
             z_new, rho_new = out.position, out.momentum
-        np.testing.assert_allclose(z_new, 0.3 * DRIFT_SCALE * rho / MOMENTUM_SCALE**2, rtol=1e-6)
-        np.testing.assert_allclose(rho_new, rho)
+        np.testing.assert_allclose(rho_new, rho + step * g, rtol=1e-6)
+        np.testing.assert_allclose(
+            z_new, step * (rho + 0.5 * step * g) / MOMENTUM_SCALE**2, rtol=1e-6
+        )
+
+
+@pytest.mark.parametrize("order", ["velocity", "position"])
+def test_drift_scale_is_a_time_change_per_coordinate(order):
+    """On a separable target, coordinate i with (ε, δ_i) follows exactly the path it
+    follows with (ε δ_i, 1): a per-coordinate step, not a change of mass."""
+    separable = lambda z: -0.5 * jnp.sum(z**2) - 0.1 * jnp.sum(z**4)
+    grad = lambda z, grad_target: grad_target
+    start = jnp.asarray(POINTS[1])
+
+    def run(step_size, drift_scale):
+        z, rho = start[:DIM], start[DIM:]
+        if order == "position":
+            return drift_kick_drift(
+                z, rho, step_size, MOMENTUM_SCALE, jax.grad(separable), grad, 3, drift_scale
+            )
+        value, g = jax.value_and_grad(separable)(z)
+        out = leapfrog(
+            IntegratorState(z, rho, value, g), step_size, MOMENTUM_SCALE,
+            jax.value_and_grad(separable), grad, 3, drift_scale,
+        )
+        return out.position, out.momentum
+
+    z_scaled, rho_scaled = run(0.2, DRIFT_SCALE)
+    for i in range(DIM):
+        z_i, rho_i = run(0.2 * float(DRIFT_SCALE[i]), None)
+        np.testing.assert_allclose(z_scaled[i], z_i[i], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(rho_scaled[i], rho_i[i], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,183 @@
+"""The guide's ELBO term is the core's UHA log weight, draw by draw, and Appendix D's
+extrapolation scales every per-coordinate step by the same factor.
+
+The equality is checked against NumPyro's own :class:`~numpyro.infer.Trace_ELBO` on the
+model (its log joint in constrained space plus the guide's Jacobian terms), not against
+the guide's factor: the weight comes from :func:`numpyro_uha.core.annealed_sample`,
+called with the key the guide drew, the guide's log density and its annealing params.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.primitives import Messenger
+
+from numpyro_uha import UHAGuide
+from numpyro_uha.core import annealed_sample
+
+X = jnp.linspace(-1.0, 1.0, 12)
+Y = 0.5 + 1.5 * X + 0.4 * jnp.asarray(np.random.default_rng(0).normal(size=12), jnp.float32)
+
+
+def constrained_model(x, y):
+    """Latent sites on three supports: a positive scale (LogNormal), a positive
+    hierarchical scale (HalfNormal) and real coefficients (Normal)."""
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    coef = numpyro.sample("coef", dist.Normal(0.0, tau).expand([2]).to_event(1))
+    noise = numpyro.sample("noise", dist.LogNormal(-0.5, 0.5))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Normal(coef[0] + coef[1] * x, noise), obs=y)
+
+
+class RecordKeys(Messenger):
+    """Records every key handed out by ``numpyro.prng_key()`` inside the wrapped call."""
+
+    def __init__(self, fn=None):
+        self.keys = []
+        super().__init__(fn)
+
+    def postprocess_message(self, msg):
+        if msg["type"] == "prng_key":
+            self.keys.append(msg["value"])
+
+
+def perturbed_params(guide, params, seed):
+    """Every learnable group moved away from its initial value (constrained values)."""
+    rng = np.random.default_rng(seed)
+    d, K = guide.latent_dim, guide.K
+    new = dict(params)
+    new["auto_loc"] = params["auto_loc"] + 0.3 * rng.normal(size=d)
+    new["auto_scale"] = params["auto_scale"] * rng.uniform(0.7, 1.5, d)
+    new["auto_step_size"] = jnp.asarray(0.3 * guide.max_step_size)
+    new["auto_step_size_slope"] = jnp.asarray(rng.normal())
+    new["auto_damping"] = jnp.asarray(rng.uniform(0.3, 0.95))
+    new["auto_momentum_scale"] = params["auto_momentum_scale"] * rng.uniform(0.5, 2.0, d)
+    new["auto_beta_logits"] = jnp.asarray(0.5 * rng.normal(size=K + 1))
+    new["auto_bridge_loc_slope"] = jnp.asarray(0.3 * rng.normal(size=d))
+    new["auto_bridge_log_scale_slope"] = jnp.asarray(0.3 * rng.normal(size=d))
+    new["auto_drift_scale"] = jnp.asarray(rng.uniform(0.5, 2.0, d))
+    return {k: jnp.asarray(v, jnp.float32) for k, v in new.items()}
+
+
+def setup_guide(integrator, K=5):
+    guide = UHAGuide(constrained_model, K=K, integrator=integrator, warm_start_steps=0)
+    svi = SVI(constrained_model, guide, optax.adam(1e-3), Trace_ELBO())
+    state = svi.init(jax.random.PRNGKey(0), X, Y)
+    return guide, svi.get_params(state)
+
+
+@pytest.mark.parametrize("integrator", ["velocity_verlet", "position_verlet"])
+def test_trace_elbo_term_is_the_core_log_weight_draw_by_draw(integrator):
+    guide, params = setup_guide(integrator)
+    params = perturbed_params(guide, params, seed=1)
+    annealing = guide.get_annealing_params(params)
+    assert not np.allclose(annealing.drift_scale, 1.0)
+    logdensity_fn = guide.get_logdensity_fn(params, X, Y)
+
+    @jax.jit
+    def elbo_term_and_key(rng_key):
+        recorder = RecordKeys(guide)
+        loss = Trace_ELBO().loss(rng_key, params, constrained_model, recorder, X, Y)
+        assert len(recorder.keys) == 1  # the guide draws one key, the one the core gets
+        return -loss, recorder.keys[0]
+
+    core = jax.jit(lambda key: annealed_sample(
+        key, logdensity_fn, annealing,
+        num_leapfrog_steps=guide.num_leapfrog_steps, integrator=guide.integrator,
+    ))
+    elbo, log_w = [], []
+    for seed in range(6):
+        elbo_term, key = elbo_term_and_key(jax.random.PRNGKey(seed))
+        _, core_log_w, info = core(key)
+        elbo.append(float(elbo_term))
+        log_w.append(float(core_log_w))
+        assert np.any(np.abs(info.momentum_log_ratio) > 1e-2)  # the dynamics did something
+    np.testing.assert_allclose(elbo, log_w, rtol=1e-5, atol=2e-4)
+    # Different keys give different weights: the comparison is draw by draw.
+    assert np.std(log_w) > 0.1
+
+
+def test_guide_weights_from_sample_posterior_are_the_core_weights():
+    """``sample_posterior_with_log_weights`` splits its key into one key per draw and
+    hands each to the core: same weights, same final positions."""
+    guide, params = setup_guide("position_verlet")
+    params = perturbed_params(guide, params, seed=2)
+    draws = guide.sample_posterior_with_log_weights(
+        jax.random.PRNGKey(3), params, X, Y, sample_shape=(4,)
+    )
+    logdensity_fn = guide.get_logdensity_fn(params, X, Y)
+    annealing = guide.get_annealing_params(params)
+    core = jax.jit(lambda key: annealed_sample(
+        key, logdensity_fn, annealing, integrator=guide.integrator
+    ))
+    for key, log_w, latent in zip(
+        jax.random.split(jax.random.PRNGKey(3), 4), draws.log_weights, draws.latent
+    ):
+        z, core_log_w, _ = core(key)
+        np.testing.assert_allclose(log_w, core_log_w, rtol=1e-5, atol=2e-4)
+        np.testing.assert_allclose(latent, z, rtol=1e-5, atol=1e-5)
+
+
+def step_curve(betas, step_size, slope, max_step_size):
+    """ε(β) = ε_max · sigmoid(logit(ε(0) / ε_max) + slope · β), written out here."""
+    base = np.log(step_size / (max_step_size - step_size))
+    return max_step_size / (1.0 + np.exp(-(base + slope * np.asarray(betas, np.float64))))
+
+
+@pytest.mark.parametrize("frozen", [(), ("step_size",)], ids=["all", "frozen-step"])
+def test_extrapolation_scales_every_per_coordinate_step_by_the_factor(frozen):
+    """K = 8 → 26: factor log 9 / log 27 = 2/3. Every per-coordinate step ε_m δ_i / σ_i
+    (the leapfrog's step in units of the momentum scale, drift and kick alike) of the
+    new guide is 2/3 of the tuned guide's step at the same β; δ, Σ, q, η and the bridges
+    are carried over unchanged, and the new schedule runs through the old one."""
+    guide = UHAGuide(constrained_model, K=8, warm_start_steps=0, frozen=frozen)
+    svi = SVI(constrained_model, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, Y))
+    params = perturbed_params(guide, params, seed=4)
+    if "step_size" in frozen:
+        del params["auto_step_size"]
+    old = guide.get_annealing_params(params)
+    new_guide, new_params = guide.extrapolate(params, 26)
+    new = new_guide.get_annealing_params(new_params)
+    factor = math.log(9) / math.log(27)
+    assert new.betas.shape == (26,) and abs(factor - 2 / 3) < 1e-12
+
+    def per_coordinate(p):
+        return np.asarray(p.step_sizes)[:, None] * np.asarray(p.drift_scale) / np.asarray(
+            p.momentum_scale
+        )
+
+    old_steps, new_steps = per_coordinate(old), per_coordinate(new)
+    # At the old knots (β'_{3j} = β_j, since 3j / 27 = j / 9) the steps are 2/3 of the
+    # old ones, coordinate by coordinate.
+    np.testing.assert_allclose(new.betas[2::3], old.betas, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(new_steps[2::3], factor * old_steps, rtol=1e-4)
+    # Everywhere else the new steps follow 2/3 of the old ε(β) curve (slope included).
+    step0 = guide._init_values["step_size"] if "step_size" in frozen else params["auto_step_size"]
+    expected = factor * step_curve(
+        new.betas, float(step0), float(params["auto_step_size_slope"]), guide.max_step_size
+    )
+    np.testing.assert_allclose(new.step_sizes, expected, rtol=1e-4)
+    assert np.all(np.asarray(new.step_sizes) < new_guide.max_step_size)
+    for name in ("loc", "scale", "damping", "momentum_scale", "drift_scale",
+                 "bridge_loc_slope", "bridge_log_scale_slope"):
+        np.testing.assert_array_equal(getattr(new, name), getattr(old, name), err_msg=name)
+    # The extrapolated guide runs, and its ELBO term is still its core weight.
+    loss = Trace_ELBO().loss(jax.random.PRNGKey(5), new_params, constrained_model, new_guide, X, Y)
+    assert np.isfinite(float(loss))
+
+
+def test_extrapolation_to_the_same_k_changes_nothing():
+    guide, params = setup_guide("position_verlet", K=6)
+    params = perturbed_params(guide, params, seed=6)
+    same_guide, same_params = guide.extrapolate(params, 6)
+    old, new = guide.get_annealing_params(params), same_guide.get_annealing_params(same_params)
+    for a, b in zip(old, new):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

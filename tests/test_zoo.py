@@ -35,6 +35,7 @@ def test_zoo_has_twenty_models():
     assert len(ZOO) >= 20
 
 
+@pytest.mark.slow  # ~70 s on 2 cores: four guides on three models
 def test_zoo_smoke(tmp_path):
     run_smoke("zoo", tmp_path)
     payload = json.loads((tmp_path / "smoke.json").read_text())

@@ -276,6 +276,37 @@ def run_one(entry, kind, lr, steps, seed, num_draws, moments, smoke=False):
         record["error_type"] = f"{type(err).__module__}.{type(err).__qualname__}"
         record["error"] = _message(err)
         record["right"] = False
+    # Every run compiles its own programs; without this a full run's process grows by
+    # gigabytes (a first full run died of an LLVM out-of-memory error).
+    jax.clear_caches()
+    return record
+
+
+def _child(queue, name, kind, lr, steps, seed, num_draws, smoke):
+    moments, _ = load_reference(name)
+    queue.put(run_one(ZOO[name], kind, lr, steps, seed, num_draws, moments, smoke))
+
+
+def run_isolated(name, kind, lr, steps, seed, num_draws, smoke, timeout):
+    """``run_one`` in a fresh process, given up after ``timeout`` seconds (a run that hangs
+    is recorded as such instead of stopping the benchmark)."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(q, name, kind, lr, steps, seed, num_draws, smoke))
+    start = time.perf_counter()
+    proc.start()
+    try:
+        record = q.get(timeout=timeout)
+    except queue_mod.Empty:
+        record = {"model": name, "guide": kind, "lr": lr, "steps": steps, "seed": seed, "status": "error",
+                  "error_type": "Timeout", "right": False,
+                  "error": f"no result after {timeout} s: the run hung or was too slow (process killed)"}
+        record["seconds"] = round(time.perf_counter() - start, 1)
+        proc.kill()
+    proc.join(10)
     return record
 
 
@@ -380,6 +411,8 @@ def render(payload) -> str:
         lines += ["", "References refused (max R-hat > 1.01 or min bulk ESS < 400): "
                   + ", ".join(f"{m} (R-hat {refs[m]['max_rhat']:.3f}, ESS {refs[m]['min_ess_bulk']:.0f})"
                               for m in refused)]
+    if payload.get("note"):
+        lines += ["", payload["note"]]
     if payload.get("sources"):
         lines += ["", "Merged from:", ""]
         for s in payload["sources"]:
@@ -415,12 +448,19 @@ def merge(args):
     runs, sources, num_draws = [], [], None
     seen = {}
     for name in args.merge:
-        payload = json.loads((results_dir() / f"{name}.json").read_text())
-        env = payload["environment"]
-        sources.append({**{k: env.get(k) for k in ("command", "git_commit", "machine", "started")},
-                        "uncommitted_package_changes": payload.get("uncommitted_package_changes")})
-        num_draws = payload["num_draws"]
-        for r in payload["runs"]:
+        path = results_dir() / f"{name}.json"
+        if path.exists():
+            payload = json.loads(path.read_text())
+            env = payload["environment"]
+            sources.append({**{k: env.get(k) for k in ("command", "git_commit", "machine", "started")},
+                            "uncommitted_package_changes": payload.get("uncommitted_package_changes")})
+            num_draws = payload["num_draws"]
+            runs_in = payload["runs"]
+        else:  # the runs an interrupted process had finished, one JSON line each
+            runs_in = [json.loads(line) for line in (results_dir() / f"{name}.partial.jsonl").read_text().splitlines()]
+            sources.append({"command": f"(interrupted run: the {len(runs_in)} runs in {name}.partial.jsonl)",
+                            "git_commit": "see note", "machine": "this machine", "started": "see note"})
+        for r in runs_in:
             seen[(r["model"], r["guide"], r["lr"], r["seed"], r["steps"])] = r
     runs = list(seen.values())
     payload = {"num_draws": num_draws, "sources": sources, "runs": runs,
@@ -443,6 +483,9 @@ def main(argv=None):
     p.add_argument("--nuts-warmup", type=int, default=2000)
     p.add_argument("--nuts-samples", type=int, default=2000)
     p.add_argument("--merge", nargs="+", default=None, help="merge these result files into --name")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="run each fit in its own process and give up after this many seconds")
+    p.add_argument("--note", default=None, help="a note for the merged table (e.g. on interrupted runs)")
     args = p.parse_args(argv)
 
     if args.nuts:
@@ -450,6 +493,7 @@ def main(argv=None):
         return
     if args.merge:
         payload = merge(args)
+        payload["note"] = args.note
         name = args.name or "zoo"
         path = write_results(name, payload, render(payload))
         print(path.read_text())
@@ -470,7 +514,11 @@ def main(argv=None):
         for seed in args.seeds:
             for lr in args.lrs:
                 for kind in args.guides:
-                    run = run_one(entry, kind, lr, args.steps, seed, args.num_draws, moments, args.smoke)
+                    if args.timeout:
+                        run = run_isolated(model_name, kind, lr, args.steps, seed, args.num_draws, args.smoke,
+                                           args.timeout)
+                    else:
+                        run = run_one(entry, kind, lr, args.steps, seed, args.num_draws, moments, args.smoke)
                     payload["runs"].append(run)
                     with partial.open("a") as f:
                         f.write(json.dumps(run) + "\n")

@@ -131,7 +131,8 @@ class UHAGuide(AutoContinuous):
       exact annealing as K grows for every δ. Σ sets the mass (how momentum turns into
       motion, and the refresh); δ lets each coordinate's step differ from ε.
 
-    A frozen group keeps its initial value and is not registered as a ``numpyro.param``.
+    A frozen group keeps its initial value: it is registered as a ``numpyro.param``
+    (so ``params`` holds the whole fit) but gets no gradient.
     The paper's basic UHA tunes ``q``, ``step_size`` and ``damping`` only, with
     ``integrator="velocity_verlet"``; tuning everything (the default) gave the best
     bounds in its Section 5.3 and in our benchmarks (``docs/benchmarks.md``).
@@ -558,7 +559,8 @@ class UHAGuide(AutoContinuous):
         """The core's :class:`~numpyro_uha.core.AnnealingParams` for trained ``params``.
 
         ``params`` is the dict from ``svi.get_params(state)`` (or ``result.params``);
-        frozen groups take their initial values.
+        frozen groups are read from ``params`` too, or take their initial values where
+        ``params`` predates their registration.
         """
         self._require_setup()
         values = {}
@@ -597,8 +599,11 @@ class UHAGuide(AutoContinuous):
                 reset_if_clear=True,
             )
             # No NaN gradient reaches the parameters, and none at all once diverged.
-            learnable = {k: v for k, v in values.items() if self._learnable(k)}
-            values.update(gate(learnable, jax.lax.stop_gradient(latch) != 0))
+            learnable = gate(
+                {k: v for k, v in values.items() if self._learnable(k)},
+                jax.lax.stop_gradient(latch) != 0,
+            )
+            values.update(learnable)
         annealing = self._assemble(values)
         model_params = {
             name: numpyro.param(
@@ -630,7 +635,7 @@ class UHAGuide(AutoContinuous):
             diverged = (~jnp.isfinite(jax.lax.stop_gradient(log_weight))).astype(factor.dtype)
             factor = factor + latch * diverged + finite_guard(
                 self._divergence, log_weight, annealing.step_sizes[0],
-                {self._param_name(k): v for k, v in values.items() if self._learnable(k)},
+                {self._param_name(k): v for k, v in learnable.items()},
             )
         # Trace_ELBO adds log p(x, z_{K+1}) and the Jacobians from the model's trace; this
         # factor supplies the rest of the augmented proposal's density, so that the ELBO

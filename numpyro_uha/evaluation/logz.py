@@ -117,6 +117,8 @@ def _autoguide_log_z(
     from numpyro import handlers
     from numpyro.infer.autoguide import AutoGuide
 
+    from numpyro_uha.evaluation.arviz import _check_positive_int
+
     if not isinstance(guide, AutoGuide):
         if callable(guide):
             raise TypeError(
@@ -134,8 +136,7 @@ def _autoguide_log_z(
             f"log_z: the {type(guide).__name__} has not been set up: train it first "
             "(svi.run(...)) and pass its params."
         )
-    if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 2:
-        raise ValueError(f"num_draws must be an integer ≥ 2, got {num_draws!r}.")
+    num_draws = _check_positive_int("num_draws", num_draws, minimum=2)
     # An AutoGuide creates any parameter missing from params at its initial value, which
     # would silently score an untrained guide.
     with handlers.block():
@@ -151,6 +152,6 @@ def _autoguide_log_z(
             "the params of the trained guide (svi_result.params)."
         )
     log_w = guide_log_weights(
-        rng_key, guide.model, guide, params, int(num_draws), *args, batch_size=batch_size, **kwargs
+        rng_key, guide.model, guide, params, num_draws, *args, batch_size=batch_size, **kwargs
     )
     return log_z_from_weights(log_w, getattr(guide, "K", None))

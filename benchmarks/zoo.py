@@ -27,6 +27,14 @@ not used: its rows say so.
     python -m benchmarks.zoo --lrs 1e-2 1e-3 --steps 10000
     python -m benchmarks.zoo --merge zoo_lr1e-2 zoo_lr1e-3 --name zoo
     python -m benchmarks.zoo --smoke
+
+``--set holdout`` does the same on the hold-out set (:mod:`benchmarks.zoo_holdout`, eight
+models kept out of the tuning of UHAGuide's defaults), its references in
+``benchmarks/reference/zoo_holdout_nuts/``, its results named ``zoo_holdout…`` by default:
+
+    python -m benchmarks.zoo --set holdout --nuts
+    python -m benchmarks.zoo --set holdout --lrs 1e-2 1e-3 --steps 10000
+    python -m benchmarks.zoo --set holdout --smoke
 """
 
 from __future__ import annotations
@@ -46,11 +54,21 @@ from numpyro.infer import MCMC, NUTS, SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoDAIS, AutoMultivariateNormal, AutoNormal
 
 from benchmarks.common import environment, results_dir, write_results
+from benchmarks.zoo_holdout import HOLDOUT
+from benchmarks.zoo_holdout import SMOKE_MODELS as HOLDOUT_SMOKE_MODELS
 from benchmarks.zoo_models import SMOKE_MODELS, ZOO, latent_sites
 from numpyro_uha import UHAGuide
 from numpyro_uha.evaluation import importance_resample
 
 REFERENCE_DIR = Path(__file__).parent / "reference" / "zoo_nuts"
+HOLDOUT_REFERENCE_DIR = Path(__file__).parent / "reference" / "zoo_holdout_nuts"
+# --set: the models, where their references live, the smoke models, the default result name.
+SETS = {
+    "zoo": {"models": ZOO, "reference_dir": REFERENCE_DIR, "smoke": SMOKE_MODELS, "name": "zoo",
+            "title": "the model zoo"},
+    "holdout": {"models": HOLDOUT, "reference_dir": HOLDOUT_REFERENCE_DIR, "smoke": HOLDOUT_SMOKE_MODELS,
+                "name": "zoo_holdout", "title": "the zoo's hold-out set"},
+}
 GUIDES = ("UHAGuide", "AutoNormal", "AutoMultivariateNormal", "AutoDAIS")
 MAX_RHAT = 1.01
 MIN_ESS = 400
@@ -59,8 +77,8 @@ LOG_SD_TOL = 0.3
 
 
 # -------------------------------------------------------------------------- references
-def _reference_path(name: str) -> Path:
-    return REFERENCE_DIR / f"{name}.npz"
+def _reference_path(name: str, model_set: str = "zoo") -> Path:
+    return SETS[model_set]["reference_dir"] / f"{name}.npz"
 
 
 def run_nuts(entry, chains=4, warmup=2000, samples=2000, seed=0):
@@ -108,8 +126,10 @@ def reference_ok(diag: dict) -> bool:
     return diag["max_rhat"] <= MAX_RHAT and diag["min_ess_bulk"] >= MIN_ESS
 
 
-def save_reference(name, draws, diag, divergences, seconds, command, settings):
-    REFERENCE_DIR.mkdir(parents=True, exist_ok=True)
+def save_reference(name, draws, diag, divergences, seconds, command, settings, model_set="zoo"):
+    reference_dir = SETS[model_set]["reference_dir"]
+    models = SETS[model_set]["models"]
+    reference_dir.mkdir(parents=True, exist_ok=True)
     arrays = {}
     for k, v in draws.items():
         flat = v.reshape((-1,) + v.shape[2:])
@@ -118,16 +138,16 @@ def save_reference(name, draws, diag, divergences, seconds, command, settings):
         arrays[f"median/{k}"] = np.median(flat, 0)
         # Every other draw of every chain, float32: enough for any later moment check.
         arrays[f"draws/{k}"] = v[:, ::2].astype(np.float32)
-    np.savez_compressed(_reference_path(name), **arrays)
-    index_path = REFERENCE_DIR / "index.json"
+    np.savez_compressed(_reference_path(name, model_set), **arrays)
+    index_path = reference_dir / "index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     env = environment()
     index[name] = {
         "command": command,
         "settings": settings,
-        "note": ZOO[name].note,
+        "note": models[name].note,
         "nuts_kwargs": {k: v if isinstance(v, (bool, int, float, str)) else "(see note)"
-                        for k, v in ZOO[name].nuts_kwargs.items()},
+                        for k, v in models[name].nuts_kwargs.items()},
         "max_rhat": diag["max_rhat"],
         "min_ess_bulk": diag["min_ess_bulk"],
         "ok": reference_ok(diag),
@@ -139,14 +159,15 @@ def save_reference(name, draws, diag, divergences, seconds, command, settings):
         "date": env["date"],
     }
     index_path.write_text(json.dumps(dict(sorted(index.items())), indent=2))
-    write_reference_readme(index)
+    write_reference_readme(index, model_set)
 
 
-def write_reference_readme(index):
+def write_reference_readme(index, model_set="zoo"):
+    flag = "" if model_set == "zoo" else f" --set {model_set}"
     lines = [
-        "# NUTS references of the model zoo",
+        f"# NUTS references of {SETS[model_set]['title']}",
         "",
-        "Written by `python -m benchmarks.zoo --nuts` (each row's command below); read by",
+        f"Written by `python -m benchmarks.zoo{flag} --nuts` (each row's command below); read by",
         "`python -m benchmarks.zoo` and `tests/test_zoo.py`. Each `<model>.npz` holds, per latent",
         "site (constrained space), `mean/<site>`, `sd/<site>`, `median/<site>` over all draws and",
         "`draws/<site>` (every other draw, chains × draws × shape, float32). R-hat is ArviZ's",
@@ -165,14 +186,14 @@ def write_reference_readme(index):
         )
     commands = sorted({r["command"] for r in index.values()})
     lines += ["", "Commands:", ""] + [f"- `{c}`" for c in commands]
-    (REFERENCE_DIR / "README.md").write_text("\n".join(lines) + "\n")
+    (SETS[model_set]["reference_dir"] / "README.md").write_text("\n".join(lines) + "\n")
 
 
-def load_reference(name):
+def load_reference(name, model_set="zoo"):
     """``(moments, record)``: ``{site: (mean, sd, median)}`` and the index entry, or
-    ``(None, None)`` when there is no reference."""
-    path = _reference_path(name)
-    index_path = REFERENCE_DIR / "index.json"
+    ``(None, None)`` when there is no reference (``model_set``: ``"zoo"`` or ``"holdout"``)."""
+    path = _reference_path(name, model_set)
+    index_path = SETS[model_set]["reference_dir"] / "index.json"
     if not path.exists() or not index_path.exists():
         return None, None
     record = json.loads(index_path.read_text()).get(name)
@@ -185,12 +206,12 @@ def load_reference(name):
 def compute_references(args):
     command = shlex.join(["python", "-m", "benchmarks.zoo", *sys.argv[1:]])
     for name in args.models:
-        entry = ZOO[name]
+        entry = SETS[args.set]["models"][name]
         draws, divergences, seconds = run_nuts(entry, args.nuts_chains, args.nuts_warmup, args.nuts_samples)
         diag = diagnostics(draws)
         settings = {"chains": args.nuts_chains, "warmup": args.nuts_warmup * entry.nuts_scale,
                     "samples": args.nuts_samples * entry.nuts_scale, "chain_method": "sequential", "seed": 0}
-        save_reference(name, draws, diag, divergences, seconds, command, settings)
+        save_reference(name, draws, diag, divergences, seconds, command, settings, args.set)
         print(f"{name}: max R-hat {diag['max_rhat']:.4f}, min bulk ESS {diag['min_ess_bulk']:.0f}, "
               f"{divergences} divergences, {seconds:.0f} s{'' if reference_ok(diag) else '  REFUSED'}",
               flush=True)
@@ -282,12 +303,12 @@ def run_one(entry, kind, lr, steps, seed, num_draws, moments, smoke=False):
     return record
 
 
-def _child(queue, name, kind, lr, steps, seed, num_draws, smoke):
-    moments, _ = load_reference(name)
-    queue.put(run_one(ZOO[name], kind, lr, steps, seed, num_draws, moments, smoke))
+def _child(queue, name, kind, lr, steps, seed, num_draws, smoke, model_set="zoo"):
+    moments, _ = load_reference(name, model_set)
+    queue.put(run_one(SETS[model_set]["models"][name], kind, lr, steps, seed, num_draws, moments, smoke))
 
 
-def run_isolated(name, kind, lr, steps, seed, num_draws, smoke, timeout):
+def run_isolated(name, kind, lr, steps, seed, num_draws, smoke, timeout, model_set="zoo"):
     """``run_one`` in a fresh process, given up after ``timeout`` seconds (a run that hangs
     is recorded as such instead of stopping the benchmark)."""
     import multiprocessing as mp
@@ -295,7 +316,7 @@ def run_isolated(name, kind, lr, steps, seed, num_draws, smoke, timeout):
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(q, name, kind, lr, steps, seed, num_draws, smoke))
+    proc = ctx.Process(target=_child, args=(q, name, kind, lr, steps, seed, num_draws, smoke, model_set))
     start = time.perf_counter()
     proc.start()
     try:
@@ -336,14 +357,16 @@ def render(payload) -> str:
     lrs = sorted({r["lr"] for r in runs}, reverse=True)
     seeds = sorted({r["seed"] for r in runs})
     steps = sorted({r["steps"] for r in runs})
-    models = [m for m in ZOO if any(r["model"] == m for r in runs)]
+    model_set = payload.get("set", "zoo")
+    models = [m for m in SETS[model_set]["models"] if any(r["model"] == m for r in runs)]
     by_key = {(r["model"], r["guide"], r["lr"], r["seed"]): r for r in runs}
     cols = [(g, lr) for lr in lrs for g in guides]
     lines = [
         f"Protocol: each guide fitted by SVI (`Trace_ELBO`, `optax.adam(lr)`, {', '.join(map(str, steps))} steps, "
         f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}); {payload['num_draws']} draws of "
         "`guide.sample_posterior` compared with the cached NUTS reference "
-        "(`benchmarks/reference/zoo_nuts/`) coordinate by coordinate in constrained space. "
+        f"(`benchmarks/reference/{SETS[model_set]['reference_dir'].name}/`) coordinate by coordinate in "
+        "constrained space. "
         "Each cell: ✓/✗ (right = max |mean err|/sd ≤ 0.5 and mean |log sd ratio| ≤ 0.3), then "
         "max |mean err|/sd / mean |log sd ratio|; ✗ with an exception's name = the run raised "
         "(messages below); `UHAGuide` is at its defaults (K = 32, 1000 warm-start steps); "
@@ -422,10 +445,10 @@ def render(payload) -> str:
     return "\n".join(lines)
 
 
-def _reference_summary(names):
+def _reference_summary(names, model_set="zoo"):
     out = {}
     for m in names:
-        _, record = load_reference(m)
+        _, record = load_reference(m, model_set)
         if record is not None:
             out[m] = {k: record[k] for k in ("max_rhat", "min_ess_bulk", "ok", "divergences", "command")}
     return out
@@ -464,20 +487,26 @@ def merge(args):
             seen[(r["model"], r["guide"], r["lr"], r["seed"], r["steps"])] = r
     runs = list(seen.values())
     payload = {"num_draws": num_draws, "sources": sources, "runs": runs,
-               "references": _reference_summary({r["model"] for r in runs})}
+               "references": _reference_summary({r["model"] for r in runs}, args.set)}
+    if args.set != "zoo":
+        payload["set"] = args.set
     return payload
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO))
+    p.add_argument("--set", default="zoo", choices=list(SETS),
+                   help="the model zoo (default) or its hold-out set (benchmarks/zoo_holdout.py)")
+    p.add_argument("--models", nargs="+", default=None, choices=list(ZOO) + list(HOLDOUT),
+                   help="default: every model of --set")
     p.add_argument("--guides", nargs="+", default=list(GUIDES), choices=list(GUIDES))
     p.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 1e-2, 3e-2])
     p.add_argument("--steps", type=int, default=10_000)
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--num-draws", type=int, default=2000)
     p.add_argument("--name", default=None)
-    p.add_argument("--smoke", action="store_true", help=f"models {', '.join(SMOKE_MODELS)}, 30 steps, seconds")
+    p.add_argument("--smoke", action="store_true", help=f"models {', '.join(SMOKE_MODELS)} (hold-out set: "
+                   f"{', '.join(HOLDOUT_SMOKE_MODELS)}), 30 steps, seconds")
     p.add_argument("--nuts", action="store_true", help="compute and cache the NUTS references instead")
     p.add_argument("--nuts-chains", type=int, default=4)
     p.add_argument("--nuts-warmup", type=int, default=2000)
@@ -487,6 +516,12 @@ def main(argv=None):
                    help="run each fit in its own process and give up after this many seconds")
     p.add_argument("--note", default=None, help="a note for the merged table (e.g. on interrupted runs)")
     args = p.parse_args(argv)
+    model_set = SETS[args.set]
+    if args.models is None:
+        args.models = list(model_set["models"])
+    unknown = [m for m in args.models if m not in model_set["models"]]
+    if unknown:
+        p.error(f"not in --set {args.set}: {', '.join(unknown)}")
 
     if args.nuts:
         compute_references(args)
@@ -494,29 +529,31 @@ def main(argv=None):
     if args.merge:
         payload = merge(args)
         payload["note"] = args.note
-        name = args.name or "zoo"
+        name = args.name or model_set["name"]
         path = write_results(name, payload, render(payload))
         print(path.read_text())
         return
     if args.smoke:
-        args.models = list(SMOKE_MODELS)
+        args.models = list(model_set["smoke"])
         args.steps = 30
         args.lrs = [1e-2]
         args.num_draws = 100
-    name = args.name or ("zoo_smoke" if args.smoke else "zoo")
+    name = args.name or (f"{model_set['name']}_smoke" if args.smoke else model_set["name"])
     payload = {"num_draws": args.num_draws, "runs": [], "uncommitted_package_changes": _dirty_package()}
+    if args.set != "zoo":
+        payload["set"] = args.set
     partial = results_dir() / f"{name}.partial.jsonl"
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_text("")
     for model_name in args.models:
-        entry = ZOO[model_name]
-        moments, record = load_reference(model_name)
+        entry = model_set["models"][model_name]
+        moments, record = load_reference(model_name, args.set)
         for seed in args.seeds:
             for lr in args.lrs:
                 for kind in args.guides:
                     if args.timeout:
                         run = run_isolated(model_name, kind, lr, args.steps, seed, args.num_draws, args.smoke,
-                                           args.timeout)
+                                           args.timeout, args.set)
                     else:
                         run = run_one(entry, kind, lr, args.steps, seed, args.num_draws, moments, args.smoke)
                     payload["runs"].append(run)
@@ -527,7 +564,7 @@ def main(argv=None):
                                f" nan={run.get('nan_losses')}")
                     print(f"{model_name:28s} {kind:24s} lr={lr:g} seed={seed}: {summary} ({run['seconds']} s)",
                           flush=True)
-    payload["references"] = _reference_summary(args.models)
+    payload["references"] = _reference_summary(args.models, args.set)
     path = write_results(name, payload, render(payload))
     partial.unlink()
     print(path.read_text())

@@ -15,7 +15,8 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import log_density, potential_energy
 
 sys.path.insert(0, str(ROOT))
-from benchmarks.zoo import MAX_RHAT, MIN_ESS, REFERENCE_DIR, load_reference  # noqa: E402
+from benchmarks.zoo import HOLDOUT_REFERENCE_DIR, MAX_RHAT, MIN_ESS, REFERENCE_DIR, load_reference  # noqa: E402
+from benchmarks.zoo_holdout import HOLDOUT  # noqa: E402
 from benchmarks.zoo_models import ZOO  # noqa: E402
 
 NAMES = sorted(ZOO)
@@ -85,3 +86,46 @@ def test_log_density_finite_at_reference_median(name):
     assert np.isfinite(float(log_joint)), f"{name}: log density {log_joint} at the NUTS median"
     energy = potential_energy(entry.model, entry.args, {}, unconstrained)
     assert np.isfinite(float(energy)), f"{name}: potential energy {energy} at the NUTS median"
+
+
+# ------------------------------------------------------------------- the hold-out set
+HOLDOUT_NAMES = sorted(HOLDOUT)
+
+
+def test_holdout_has_eight_models_outside_the_zoo():
+    assert len(HOLDOUT) == 8
+    assert not set(HOLDOUT) & set(ZOO)
+    assert not {m.model for m in HOLDOUT.values()} & {m.model for m in ZOO.values()}
+
+
+@pytest.mark.parametrize("name", HOLDOUT_NAMES)
+def test_holdout_reference_loads_and_is_good(name):
+    moments, record = load_reference(name, "holdout")
+    assert moments is not None, f"no NUTS reference for {name} in {HOLDOUT_REFERENCE_DIR}"
+    assert record["ok"] and record["max_rhat"] <= MAX_RHAT and record["min_ess_bulk"] >= MIN_ESS, record
+    assert record["command"].startswith("python -m benchmarks.zoo") and "--set holdout" in record["command"]
+    assert "--nuts" in record["command"]
+    assert record["settings"]["chains"] >= 4 and record["settings"]["samples"] >= 2000
+    assert load_reference(name)[0] is None  # not in the zoo's references
+
+
+@pytest.mark.parametrize("name", HOLDOUT_NAMES)
+def test_holdout_log_density_finite_at_reference_mean(name):
+    """At NUTS's posterior mean (constrained space: every hold-out support is convex, so
+    the mean lies in it) the model's log density and potential energy are finite."""
+    entry = HOLDOUT[name]
+    moments, _ = load_reference(name, "holdout")
+    supports = _latent_supports(entry.model, entry.args)
+    assert set(moments) == set(supports)
+    data = np.load(HOLDOUT_REFERENCE_DIR / f"{name}.npz")
+    mean, unconstrained = {}, {}
+    for k, (support, shape) in supports.items():
+        assert data[f"draws/{k}"].shape[2:] == shape, (k, data[f"draws/{k}"].shape, shape)
+        mean[k] = jnp.asarray(moments[k][0], jnp.float32)
+        assert mean[k].shape == shape
+        assert bool(jnp.all(support(mean[k]))), f"{name}: the mean of {k} is outside its support"
+        unconstrained[k] = biject_to(support).inv(mean[k])
+    log_joint, _ = log_density(entry.model, entry.args, {}, mean)
+    assert np.isfinite(float(log_joint)), f"{name}: log density {log_joint} at the NUTS mean"
+    energy = potential_energy(entry.model, entry.args, {}, unconstrained)
+    assert np.isfinite(float(energy)), f"{name}: potential energy {energy} at the NUTS mean"

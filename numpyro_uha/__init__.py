@@ -4,7 +4,13 @@ The pure-JAX algorithm lives in :mod:`numpyro_uha.core`; :class:`UHAGuide` is th
 AutoGuide built on it.
 """
 
-from numpyro_uha.guide import GROUPS, UHADivergenceError, UHAGuide, WeightedDraws
+from numpyro_uha.guide import (
+    GROUPS,
+    UHADivergenceError,
+    UHADivergenceWarning,
+    UHAGuide,
+    WeightedDraws,
+)
 from numpyro_uha.io import load_fit, save_fit
 
 __version__ = "0.1.0"
@@ -12,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GROUPS",
     "UHADivergenceError",
+    "UHADivergenceWarning",
     "UHAGuide",
     "WeightedDraws",
     "load_fit",

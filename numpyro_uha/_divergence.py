@@ -1,30 +1,38 @@
 """Divergence handling for ``UHAGuide`` training that behaves the same on every backend.
 
-Raising an exception inside a host callback is undefined behaviour in JAX: on CPU it
-surfaces as a wrapped ``JaxRuntimeError``, on GPU it is logged and training carries on.
-So nothing here raises inside a compiled computation. Instead, three parts work together:
+An uncorrected leapfrog can send a rare draw from q's tails to infinity even when the
+step size suits the bulk of the posterior. Such a draw's weight is 0 in the limit (its
+energy error drives the momentum-density ratio to 0), and its gradient carries no
+information. So a diverging particle is *skipped*, training goes on, and what happened is
+reported where values are concrete. Raising an exception inside a host callback is
+undefined behaviour in JAX (on CPU a wrapped ``JaxRuntimeError``, on GPU logged and
+lost), so nothing here raises inside a compiled computation. Four parts work together:
 
+* **a mask** (:func:`mask_diverged`): on the guide's outputs, it zeroes the gradient that
+  flows back from a particle whose log weight is not finite;
 * **a gate** (:func:`gate`): an identity on the guide's parameter values whose backward
-  pass zeroes their gradient when it is not finite, or once training has diverged, so
-  NaN never reaches the parameters and the last finite fit is not lost;
+  pass zeroes their gradient when it is not finite (NaN from a diverged trajectory can
+  still reach it through the leapfrog's own derivatives), so NaN never reaches the
+  parameters: the step is skipped;
 * **a latch**: a scalar ``numpyro.param`` (``{prefix}_diverged``, starting at 0) whose
   loss gradient is the fraction of particles with a non-finite log weight. The
   optimizer moves it away from 0 at the first divergence and it never comes back (its
   gradient is otherwise exactly 0), so the flag travels with the parameters and is seen
-  wherever their values are concrete;
+  wherever their values are concrete: ``svi.get_params`` (the end of ``svi.run``) and
+  the guide's methods then warn (:class:`UHADivergenceWarning`) with the count;
 * **a record**: a host callback, taken only on a diverging step (inside a ``lax.cond``),
-  that stores the step size and the parameter values at the first divergence (the last
-  finite ones) and counts the diverging steps. It never raises.
+  that stores the step size and the parameter values at the first divergence and counts
+  the diverging steps. It never raises.
 
-The error is then raised as a plain :class:`FloatingPointError`
-(:class:`UHADivergenceError`) where values are concrete: by ``svi.get_params`` (so at
-the end of ``svi.run``, through the latch's constraint transform), by every guide method
-that takes ``params``, and by a call of the guide outside ``jit`` (e.g. ``Predictive``).
+Whether the fit is usable is then decided by its draws: when more than a small fraction
+of them diverge, the guide's draw methods raise :class:`UHADivergenceError` (a plain
+``FloatingPointError``) holding the parameters of the first diverging training step.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +41,15 @@ from jax.custom_batching import custom_vmap
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import IdentityTransform, biject_to
 
-__all__ = ["UHADivergenceError", "DivergenceRecord", "LatchConstraint", "gate", "finite_guard"]
+__all__ = [
+    "UHADivergenceError",
+    "UHADivergenceWarning",
+    "DivergenceRecord",
+    "LatchConstraint",
+    "gate",
+    "mask_diverged",
+    "finite_guard",
+]
 
 
 class UHADivergenceError(FloatingPointError):
@@ -48,6 +64,10 @@ class UHADivergenceError(FloatingPointError):
     def __init__(self, message, params=None):
         super().__init__(message)
         self.params = params
+
+
+class UHADivergenceWarning(RuntimeWarning):
+    """Some training steps were skipped because a particle's trajectory diverged."""
 
 
 class DivergenceRecord:
@@ -81,27 +101,35 @@ class DivergenceRecord:
                 self.step_size = float(np.asarray(step_size).ravel()[0])
                 self.params = {name: np.asarray(value) for name, value in params.items()}
 
-    def error(self, where: str) -> UHADivergenceError:
+    def _detail(self):
         if self.params is None:
-            detail = (
+            return (
                 "The latch parameter says so, but this process holds no record of the "
-                "step (e.g. the fit was loaded from disk)."
+                "steps (e.g. the fit was loaded from disk)."
             )
-        else:
-            detail = (
-                f"{self.count} training step(s) had a non-finite log weight; at the first, "
-                f"{100 * self.fraction:.0f} % of the particles diverged with ε(β_1) = "
-                f"{self.step_size:.4g}. From then on the guide's parameters got no gradient, "
-                "so the fit stayed finite; its last finite parameters (before that step's "
-                "update) are in this exception's `.params` and in `guide.last_finite_params`."
-            )
+        return (
+            f"{self.count} training step(s) had a non-finite log weight (a trajectory "
+            f"diverged); at the first, {100 * self.fraction:.0f} % of the particles diverged "
+            f"with ε(β_1) = {self.step_size:.4g}. Those particles were skipped (no gradient "
+            "from them) and training went on; the parameters that first diverging step "
+            "started from are in `guide.last_finite_params`."
+        )
+
+    def warning(self, where: str) -> str:
+        return (
+            f"UHAGuide: divergences during training (found {where}). {self._detail()} "
+            "A few skipped steps are harmless; if the draws diverge too (sample_posterior "
+            "says so), use a smaller learning rate or max_step_size."
+        )
+
+    def error(self, what: str) -> UHADivergenceError:
+        """The error for a fit whose draws diverge (``what`` says how many)."""
         return UHADivergenceError(
-            f"UHAGuide: training diverged (found {where}). {detail} What to change: a "
-            "smaller learning rate, a smaller max_step_size (the leapfrog step ε is capped "
-            "by it); then resume from the last finite fit with "
-            "svi.run(..., init_params=err.params). To skip such steps silently instead, "
-            "construct the guide with check_finite=False and use "
-            "svi.run(..., stable_update=True).",
+            f"UHAGuide: {what}: the Hamiltonian dynamics diverge at these parameters. "
+            f"{self._detail() if self.count else ''} What to change: a smaller learning "
+            "rate, a smaller max_step_size (the leapfrog step ε is capped by it); then "
+            "resume from the first diverging step's parameters with "
+            "svi.run(..., init_params=err.params) where they exist.",
             params=self.params,
         )
 
@@ -111,7 +139,7 @@ class LatchConstraint(constraints.Constraint):
 
     ``svi.get_params`` constrains every parameter with ``biject_to(constraint)``; for
     this constraint that is the identity, except that a concrete latch away from 0
-    raises :class:`UHADivergenceError`. Inside ``jit`` (``svi.update``) it is a no-op.
+    warns (:class:`UHADivergenceWarning`). Inside ``jit`` (``svi.update``) it is a no-op.
     """
 
     event_dim = 0
@@ -150,7 +178,7 @@ def _latch_transform(constraint):
 
 
 def check_latch(latch, record: DivergenceRecord, where: str, reset_if_clear=False):
-    """Raise :class:`UHADivergenceError` if a *concrete* latch value is not 0.
+    """Warn (:class:`UHADivergenceWarning`) if a *concrete* latch value is not 0.
 
     With ``reset_if_clear``, a concrete latch at 0 (a fresh ``svi.init``, or a fit that
     never diverged) clears the record of an earlier run.
@@ -158,7 +186,7 @@ def check_latch(latch, record: DivergenceRecord, where: str, reset_if_clear=Fals
     if isinstance(latch, jax.core.Tracer):
         return
     if np.any(np.asarray(latch) != 0):
-        raise record.error(where)
+        warnings.warn(record.warning(where), UHADivergenceWarning, stacklevel=3)
     if reset_if_clear:
         record.reset()
 
@@ -184,6 +212,23 @@ def _gate_bwd(stop, cotangent):
 
 
 gate.defvjp(_gate_fwd, _gate_bwd)
+
+
+@jax.custom_vjp
+def mask_diverged(tree, diverged):
+    """Identity on ``tree``; no gradient flows back through it where ``diverged``."""
+    return tree
+
+
+def _mask_fwd(tree, diverged):
+    return tree, diverged
+
+
+def _mask_bwd(diverged, cotangent):
+    return jax.tree.map(lambda c: jnp.where(diverged, jnp.zeros_like(c), c), cotangent), None
+
+
+mask_diverged.defvjp(_mask_fwd, _mask_bwd)
 
 
 # ----------------------------------------------------------------------- record guard

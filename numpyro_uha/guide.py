@@ -31,9 +31,16 @@ from numpyro_uha._divergence import (
     DivergenceRecord,
     LatchConstraint,
     UHADivergenceError,
+    UHADivergenceWarning,
     check_latch,
     finite_guard,
     gate,
+    mask_diverged,
+)
+from numpyro_uha._precondition import (
+    StandardizedCholesky,
+    StandardizedPositive,
+    StandardizedReal,
 )
 from numpyro_uha.core import (
     AnnealingInfo,
@@ -41,11 +48,14 @@ from numpyro_uha.core import (
     annealed_sample,
     betas_from_logits,
     check_integrator,
-    fit_gaussian,
     step_sizes_from_beta,
 )
+from numpyro_uha.core.warm_start import max_curvature, warm_start
 
-__all__ = ["UHAGuide", "WeightedDraws", "GROUPS", "UHADivergenceError"]
+__all__ = ["UHAGuide", "WeightedDraws", "GROUPS", "UHADivergenceError", "UHADivergenceWarning"]
+
+#: The stability ceiling on the leapfrog step, as a fraction of the quadratic limit 2/sqrt(λ).
+STABILITY_FRACTION = 0.75
 
 #: Learnable parameter groups (paper Section 5.3) and the parameters in each.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -181,12 +191,15 @@ class UHAGuide(AutoContinuous):
         sample_batch_size: draws computed together (vectorized) in
             :meth:`sample_posterior`; bounds its memory.
         check_finite: watch for NaN or infinite log weights during training, on every
-            backend: a diverging step leaves the parameters unchanged (no NaN reaches
-            them), training stops changing them, and :class:`UHADivergenceError` (a
-            ``FloatingPointError``) is raised where values are concrete: by
-            ``svi.get_params`` (so at the end of ``svi.run``), by this guide's methods and
-            by an un-jitted call. The error holds the last finite parameters. ``False``
-            lets NaN through (use with ``svi.run(..., stable_update=True)``).
+            backend: a particle whose trajectory diverged is skipped (no gradient flows
+            back from it, and a step whose gradient is not finite leaves the parameters
+            unchanged), training goes on, and :class:`UHADivergenceWarning` says how
+            many steps diverged where values are concrete (``svi.get_params``, so the end
+            of ``svi.run``; this guide's methods). When the trained guide's *draws*
+            diverge, its draw methods raise :class:`UHADivergenceError` (a
+            ``FloatingPointError``) holding the parameters of the first diverging
+            training step. ``False`` lets NaN through (use with
+            ``svi.run(..., stable_update=True)``).
         forward_mode_differentiation: passed to NumPyro's model initialization.
     """
 
@@ -304,19 +317,36 @@ class UHAGuide(AutoContinuous):
         else:
             init_scale = jnp.full(self.latent_dim, self._init_scale)
         loc, scale = init_loc, init_scale
+        self._precondition = None
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
+            self._precondition = (loc, _marginal_std(scale))
         elif self.warm_start_steps > 0:
-            fit = fit_gaussian(
+            fit = warm_start(
                 numpyro.prng_key(),
                 logdensity_fn,
                 init_loc,
-                init_scale,
+                self._init_scale,
+                full_rank=self.base_dist == "cholesky",
                 num_steps=self.warm_start_steps,
                 learning_rate=self.warm_start_learning_rate,
             )
-            if _is_tracer(fit) or bool(jnp.all(jnp.isfinite(fit.loc)) & jnp.all(jnp.isfinite(fit.scale))):
+            if _is_tracer(fit):
+                # set up inside a JAX transform: no constants to standardize by
                 loc, scale = fit.loc, fit.scale
+            elif bool(jnp.all(jnp.isfinite(fit.loc)) & jnp.all(jnp.isfinite(fit.scale))):
+                loc, scale = fit.loc, fit.scale
+                self._precondition = (loc, _marginal_std(scale))
+                if not bool(fit.converged):
+                    warnings.warn(
+                        f"UHAGuide: the plain-VI warm start had not converged after "
+                        f"{self.warm_start_steps} steps (its loss was still decreasing); "
+                        "UHA training starts from it anyway. Pass a larger "
+                        "warm_start_steps, or init_from=(fitted_guide, params) from your "
+                        "own longer VI fit.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
             else:
                 warnings.warn(
                     "UHAGuide: the plain-VI warm start diverged (non-finite values); "
@@ -324,7 +354,8 @@ class UHAGuide(AutoContinuous):
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        marginal_std = jnp.sqrt(jnp.sum(scale**2, axis=-1)) if scale.ndim == 2 else scale
+            self.warm_start_result = fit
+        marginal_std = _marginal_std(scale)
         dtype = init_loc.dtype
         self._init_values = {
             "loc": loc,
@@ -338,6 +369,33 @@ class UHAGuide(AutoContinuous):
             "drift_scale": jnp.ones(self.latent_dim, dtype),
             "bridge_log_scale_slope": jnp.zeros(self.latent_dim, dtype),
         }
+        self._step_ceiling = (
+            self._stability_ceiling(logdensity_fn, loc, scale)
+            if self._precondition is not None else None
+        )
+
+    def _stability_ceiling(self, logdensity_fn, loc, scale):
+        """``(s, c)``: every per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most
+        c · s_i, with s = q's marginal sds.
+
+        The leapfrog is stable on a quadratic target only while ε · sqrt(λ_max) < 2 for
+        the Hessian in the step's units; at q's mean, in units of s, λ is the largest of
+        λ_max(S H S) (the target) and λ_max(S Σ_q⁻¹ S) (q's part of the bridge, 1 for a
+        diagonal q), found by power iteration on Hessian-vector products. The ceiling is
+        ``stability_fraction`` · 2 / sqrt(λ): learning rates that random-walk ε, δ and Σ
+        for thousands of steps cannot push the dynamics over that cliff. ``None`` (no
+        ceiling) where the setup runs inside a JAX transform or λ is not finite.
+        """
+        s = _marginal_std(scale)
+        lam = max_curvature(logdensity_fn, loc, s)
+        if scale.ndim == 2:
+            prec = jnp.linalg.inv(scale @ scale.T)
+            lam = jnp.maximum(lam, jnp.linalg.eigvalsh(s[:, None] * prec * s[None, :])[-1])
+        else:
+            lam = jnp.maximum(lam, 1.0)
+        if _is_tracer(lam) or not bool(jnp.isfinite(lam)):
+            return None
+        return s, float(2.0 * STABILITY_FRACTION / jnp.sqrt(lam))
 
     def _q_from_fitted(self, guide, params):
         """(loc, scale) of a fitted Gaussian AutoGuide, in this guide's latent layout."""
@@ -488,13 +546,26 @@ class UHAGuide(AutoContinuous):
 
     # ------------------------------------------------------------ parameters
     def _param_specs(self):
-        scale_constraint = (
-            constraints.scaled_unit_lower_cholesky
-            if self.base_dist == "cholesky"
-            else constraints.softplus_positive
-        )
+        precondition = getattr(self, "_precondition", None)
+        if precondition is not None:
+            # the optimizer moves q's mean and scale in posterior sds (_precondition.py)
+            m0, s0 = precondition
+            loc_constraint = StandardizedReal(m0, s0)
+            slope_constraint = StandardizedReal(jnp.zeros_like(s0), s0)
+            scale_constraint = (
+                StandardizedCholesky(m0, s0)
+                if self.base_dist == "cholesky"
+                else StandardizedPositive(m0, s0)
+            )
+        else:
+            loc_constraint = slope_constraint = constraints.real
+            scale_constraint = (
+                constraints.scaled_unit_lower_cholesky
+                if self.base_dist == "cholesky"
+                else constraints.softplus_positive
+            )
         return {
-            "loc": constraints.real,
+            "loc": loc_constraint,
             "scale": scale_constraint,
             "step_size": constraints.interval(0.0, self.max_step_size),
             "step_size_slope": constraints.real,
@@ -504,7 +575,7 @@ class UHAGuide(AutoContinuous):
             # every step is a relative change (a1a, K = 32: ELBO -702.2 -> -697.5).
             "momentum_scale": constraints.positive,
             "beta_logits": constraints.real,
-            "bridge_loc_slope": constraints.real,
+            "bridge_loc_slope": slope_constraint,
             "bridge_log_scale_slope": constraints.real,
             "drift_scale": constraints.positive,
         }
@@ -522,6 +593,13 @@ class UHAGuide(AutoContinuous):
         step_sizes = step_sizes_from_beta(
             betas, values["step_size"], values["step_size_slope"], self.max_step_size
         )
+        ceiling = getattr(self, "_step_ceiling", None)
+        if ceiling is not None:
+            # the largest per-coordinate step, in units of q's sds, stays under the
+            # leapfrog's stability ceiling (see _stability_ceiling)
+            s, c = ceiling
+            widest = jnp.max(values["drift_scale"] / (values["momentum_scale"] * s))
+            step_sizes = jnp.minimum(step_sizes, c / widest)
         return AnnealingParams(
             loc=values["loc"],
             scale=values["scale"],
@@ -598,10 +676,10 @@ class UHAGuide(AutoContinuous):
                 latch, self._divergence, "when the guide was called with its params",
                 reset_if_clear=True,
             )
-            # No NaN gradient reaches the parameters, and none at all once diverged.
+            # No NaN gradient reaches the parameters: a step whose gradient is not finite
+            # is skipped.
             learnable = gate(
-                {k: v for k, v in values.items() if self._learnable(k)},
-                jax.lax.stop_gradient(latch) != 0,
+                {k: v for k, v in values.items() if self._learnable(k)}, jnp.asarray(False)
             )
             values.update(learnable)
         annealing = self._assemble(values)
@@ -629,11 +707,20 @@ class UHAGuide(AutoContinuous):
         )
         factor = info.log_q_initial - jnp.sum(info.momentum_log_ratio)
         if self.check_finite:
-            # The loss gradient of the latch is the fraction of diverged particles (the
-            # factor enters the guide's log density), so the optimizer moves it off 0 at
-            # the first divergence and never back (see _divergence.py).
-            diverged = (~jnp.isfinite(jax.lax.stop_gradient(log_weight))).astype(factor.dtype)
-            factor = factor + latch * diverged + finite_guard(
+            # A diverged particle (weight 0 in the limit) is skipped: no gradient flows
+            # back from it. The loss gradient of the latch is the fraction of diverged
+            # particles (the factor enters the guide's log density), so the optimizer
+            # moves it off 0 at the first divergence and never back (see _divergence.py).
+            diverged = ~jnp.isfinite(jax.lax.stop_gradient(log_weight))
+            z, factor = mask_diverged((z, factor), diverged)
+            if not _is_tracer(log_weight) and bool(diverged):
+                # A concrete call (svi.init, Predictive without jit): the model would
+                # reject NaN values with an opaque validation error. Hand it the finite
+                # start of the trajectory instead, with an infinite guide log density:
+                # the loss is then +inf, the weight of a diverged draw (0).
+                z = info.initial_position
+                factor = jnp.asarray(jnp.inf, factor.dtype)
+            factor = factor + latch * diverged.astype(factor.dtype) + finite_guard(
                 self._divergence, log_weight, annealing.step_sizes[0],
                 {self._param_name(k): v for k, v in learnable.items()},
             )
@@ -644,7 +731,8 @@ class UHAGuide(AutoContinuous):
         return z
 
     def _check_params(self, params):
-        """Raise on a diverged fit (the latch) or NaN/inf parameter values (if concrete)."""
+        """Warn on divergences in training (the latch); raise on NaN/inf parameter values
+        (if concrete)."""
         if _is_tracer(params):
             return
         if self._latch_name in params:
@@ -720,10 +808,8 @@ class UHAGuide(AutoContinuous):
         if not _is_tracer(log_weights):
             bad = int(jnp.sum(~jnp.isfinite(log_weights)))
             if bad:
-                raise FloatingPointError(
-                    f"UHAGuide: {bad} of {num_draws} draws have a non-finite log weight "
-                    "(the Hamiltonian dynamics diverged). Train with a smaller "
-                    "max_step_size or learning rate."
+                raise self._divergence.error(
+                    f"{bad} of {num_draws} draws have a non-finite log weight"
                 )
         return jax.tree.map(
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]),
@@ -797,6 +883,8 @@ class UHAGuide(AutoContinuous):
         new = copy.copy(self)
         new.K = K
         new.max_step_size = self.max_step_size * factor
+        if getattr(self, "_step_ceiling", None) is not None:
+            new._step_ceiling = (self._step_ceiling[0], self._step_ceiling[1] * factor)
         new.init_step_size = self.init_step_size * factor
         new._jitted_draws = {}
         new._init_values = dict(self._init_values)
@@ -896,6 +984,11 @@ class UHAGuide(AutoContinuous):
         # Every latent and deterministic site (all that sample_posterior returns), as
         # AutoNormal's median and quantiles do.
         return dict(samples)
+
+
+def _marginal_std(scale):
+    """q's marginal standard deviations from a scale vector or a Cholesky factor."""
+    return jnp.sqrt(jnp.sum(scale**2, axis=-1)) if jnp.ndim(scale) == 2 else scale
 
 
 def _real(name, value) -> float:

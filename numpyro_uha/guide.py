@@ -50,6 +50,7 @@ from numpyro_uha.core import (
     check_integrator,
     step_sizes_from_beta,
 )
+from numpyro_uha.core.batching import batched_map
 from numpyro_uha.core.warm_start import max_curvature, warm_start
 
 __all__ = ["UHAGuide", "WeightedDraws", "GROUPS", "UHADivergenceError", "UHADivergenceWarning"]
@@ -788,7 +789,9 @@ class UHAGuide(AutoContinuous):
             return samples, log_weight, z, (info if with_info else None)
 
         keys = jax.random.split(rng_key, num_draws)
-        return jax.lax.map(one, keys, batch_size=min(self.sample_batch_size, num_draws))
+        # Equal batches in one scan: lax.map's remainder batch would run beside the scan,
+        # which can deadlock XLA:CPU's batched LAPACK kernels (see batched_map).
+        return batched_map(one, keys, self.sample_batch_size)
 
     def _draws(self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True):
         self._require_setup()

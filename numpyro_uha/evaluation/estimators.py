@@ -26,6 +26,7 @@ from numpyro_uha.core import (
     make_params,
     reverse_annealed_sample,
 )
+from numpyro_uha.core.batching import batched_map
 from numpyro_uha.evaluation.logz import LogZEstimate, log_z_from_weights
 
 __all__ = [
@@ -153,7 +154,7 @@ def _chain_runner(
                 )
             return log_w, info.accepted, z
 
-        return jax.lax.map(one, (keys, positions), batch_size=min(batch_size, num_draws))
+        return batched_map(one, (keys, positions), batch_size)
 
     return jax.jit(run)
 

@@ -1,0 +1,103 @@
+"""Draws in equal batches: no lax.map remainder batch, and no hang.
+
+``jax.lax.map(f, xs, batch_size=b)`` computes ``len(xs) % b`` items with a second vmap
+outside its scan, which XLA:CPU runs beside the scan. With jaxlib 0.10's batched LAPACK
+kernels (each fans its batch over the intra-op pool and waits for it) two concurrent
+batched Choleskys can take every pool thread and wait forever: 2000 draws (1024 + 976)
+of the GP zoo model hung at 0 % CPU on 2 cores. ``batched_map`` runs equal batches in
+one scan instead.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from numpyro_uha.core.batching import batched_map
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _f(x):
+    return {"sq": x["a"] ** 2, "sum": x["a"] + x["b"].sum()}, None
+
+
+@pytest.mark.parametrize("n, batch_size", [(1, 4), (4, 4), (5, 4), (20, 7), (2000, 1024), (12, 100)])
+def test_batched_map_matches_vmap(n, batch_size):
+    xs = {"a": jnp.arange(n, dtype=jnp.float32), "b": jnp.ones((n, 3))}
+    out, none = batched_map(_f, xs, batch_size)
+    want, _ = jax.vmap(_f)(xs)
+    assert none is None
+    for name in want:
+        assert out[name].shape == want[name].shape
+        np.testing.assert_array_equal(out[name], want[name])
+
+
+def _choleskys(jaxpr, in_scan=False):
+    """(inside a scan?, operand shape) of every Cholesky in ``jaxpr``, nested ones too."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "cholesky":
+            found.append((in_scan, eqn.invars[0].aval.shape))
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            found += _choleskys(sub, in_scan or eqn.primitive.name == "scan")
+    return found
+
+
+@pytest.mark.parametrize("n, batch_size, width", [(2000, 1024, 1000), (1100, 1024, 550), (3000, 1024, 1000),
+                                                  (2048, 1024, 1024), (1024, 1024, 1024), (500, 1024, 500)])
+def test_batched_map_has_one_scan_and_no_remainder(n, batch_size, width):
+    """Every Cholesky has the one batch width and sits in the one scan: nothing runs
+    beside it (lax.map's remainder would: 2000 = 1024 + 976)."""
+    def f(x):
+        return jnp.linalg.cholesky(jnp.eye(3) * (1.0 + x**2))[0, 0]
+
+    jaxpr = jax.make_jaxpr(lambda xs: batched_map(f, xs, batch_size))(jnp.zeros(n)).jaxpr
+    assert [eqn.primitive.name for eqn in jaxpr.eqns].count("scan") == 1
+    assert _choleskys(jaxpr) == [(True, (width, 3, 3))]
+
+
+_GP_DRAWS = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
+    from numpyro_uha import UHAGuide
+
+    def gp(x, y):
+        amplitude = numpyro.sample("amplitude", dist.LogNormal(0.0, 1.0))
+        lengthscale = numpyro.sample("lengthscale", dist.LogNormal(0.0, 1.0))
+        noise = numpyro.sample("noise", dist.LogNormal(-1.0, 1.0))
+        d2 = (x[:, None] - x[None, :]) ** 2
+        k = amplitude**2 * jnp.exp(-0.5 * d2 / lengthscale**2) + (noise**2 + 1e-6) * jnp.eye(20)
+        numpyro.sample("y", dist.MultivariateNormal(jnp.zeros(20), covariance_matrix=k), obs=y)
+
+    x = jnp.linspace(-3.0, 3.0, 20)
+    y = jnp.sin(x)
+    guide = UHAGuide(gp, K=8, warm_start_steps=0)
+    with numpyro.handlers.seed(rng_seed=0):
+        guide(x, y)
+    params = {k: v["value"] for k, v in numpyro.handlers.trace(
+        numpyro.handlers.seed(guide, 0)).get_trace(x, y).items() if v["type"] == "param"}
+    out = guide.sample_posterior_with_log_weights(
+        jax.random.PRNGKey(1), params, x, y, sample_shape=(2000,))
+    assert out.log_weights.shape == (2000,)
+    print("ok", np.isfinite(np.asarray(out.log_weights)).mean())
+    """
+)
+
+
+def test_gp_draws_with_a_remainder_do_not_hang():
+    """2000 draws at sample_batch_size=1024 of a Cholesky model; hung before the fix
+    (where XLA:CPU has at least two threads; with one it cannot happen)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run([sys.executable, "-c", _GP_DRAWS], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail("2000 UHAGuide draws of a GP model hung (lax.map remainder + batched LAPACK)")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ok" in proc.stdout

@@ -58,6 +58,12 @@ __all__ = ["UHAGuide", "WeightedDraws", "GROUPS", "UHADivergenceError", "UHADive
 #: The stability ceiling on the leapfrog step, as a fraction of the quadratic limit 2/sqrt(λ).
 STABILITY_FRACTION = 0.75
 
+#: A leapfrog step whose energy error exceeds this many nats has diverged (as in NUTS).
+DIVERGENCE_ENERGY = 1000.0
+
+#: Where the kick's force saturates, in q's standard deviations (AnnealingParams.force_limit).
+FORCE_LIMIT_SDS = 30.0
+
 #: Learnable parameter groups (paper Section 5.3) and the parameters in each.
 GROUPS: dict[str, tuple[str, ...]] = {
     "q": ("loc", "scale"),
@@ -374,6 +380,11 @@ class UHAGuide(AutoContinuous):
             self._stability_ceiling(logdensity_fn, loc, scale)
             if self._precondition is not None else None
         )
+        # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
+        # coordinate that far out; see AnnealingParams.force_limit
+        self._force_limit = (
+            FORCE_LIMIT_SDS / self._precondition[1] if self._precondition is not None else None
+        )
 
     def _stability_ceiling(self, logdensity_fn, loc, scale):
         """``(s, c)``: every per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most
@@ -611,6 +622,7 @@ class UHAGuide(AutoContinuous):
             bridge_loc_slope=values["bridge_loc_slope"],
             bridge_log_scale_slope=values["bridge_log_scale_slope"],
             drift_scale=values["drift_scale"],
+            force_limit=getattr(self, "_force_limit", None),
         )
 
     @property
@@ -712,9 +724,17 @@ class UHAGuide(AutoContinuous):
             # back from it. The loss gradient of the latch is the fraction of diverged
             # particles (the factor enters the guide's log density), so the optimizer
             # moves it off 0 at the first divergence and never back (see _divergence.py).
-            diverged = ~jnp.isfinite(jax.lax.stop_gradient(log_weight))
+            # Diverged: a non-finite weight, or a leapfrog step whose energy error
+            # exceeds DIVERGENCE_ENERGY nats (NUTS's rule): the weight is then e^-1000
+            # of the others', nothing, while its gradient, through Jacobians that grew
+            # exponentially along the trajectory, can be 1e16 and would swamp Adam's
+            # second-moment estimate for thousands of steps.
+            energy_error = jnp.abs(jax.lax.stop_gradient(info.log_accept_ratio))
+            diverged = ~jnp.isfinite(jax.lax.stop_gradient(log_weight)) | jnp.any(
+                energy_error > DIVERGENCE_ENERGY
+            )
             z, factor = mask_diverged((z, factor), diverged)
-            if not _is_tracer(log_weight) and bool(diverged):
+            if not _is_tracer(z) and not bool(jnp.all(jnp.isfinite(z))):
                 # A concrete call (svi.init, Predictive without jit): the model would
                 # reject NaN values with an opaque validation error. Hand it the finite
                 # start of the trajectory instead, with an infinite guide log density:
@@ -722,7 +742,8 @@ class UHAGuide(AutoContinuous):
                 z = info.initial_position
                 factor = jnp.asarray(jnp.inf, factor.dtype)
             factor = factor + latch * diverged.astype(factor.dtype) + finite_guard(
-                self._divergence, log_weight, annealing.step_sizes[0],
+                self._divergence, jnp.where(diverged, jnp.nan, log_weight),
+                annealing.step_sizes[0],
                 {self._param_name(k): v for k, v in learnable.items()},
             )
         # Trace_ELBO adds log p(x, z_{K+1}) and the Jacobians from the model's trace; this

@@ -4,7 +4,14 @@ The pure-JAX algorithm lives in :mod:`numpyro_uha.core`; :class:`UHAGuide` is th
 AutoGuide built on it.
 """
 
-from numpyro_uha.guide import GROUPS, UHADivergenceError, UHAGuide, WeightedDraws
+from numpyro_uha.guide import (
+    GROUPS,
+    UHADivergenceError,
+    UHAFitWarning,
+    UHAGuide,
+    UHANonfiniteDrawsWarning,
+    WeightedDraws,
+)
 from numpyro_uha.io import load_fit, save_fit
 
 __version__ = "0.1.0"
@@ -12,7 +19,9 @@ __version__ = "0.1.0"
 __all__ = [
     "GROUPS",
     "UHADivergenceError",
+    "UHAFitWarning",
     "UHAGuide",
+    "UHANonfiniteDrawsWarning",
     "WeightedDraws",
     "load_fit",
     "save_fit",

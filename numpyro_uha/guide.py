@@ -843,9 +843,9 @@ class UHAGuide(AutoContinuous):
         The weights make self-normalized importance sampling, log Z estimates and PSIS
         diagnostics possible. ``nonfinite`` is as in :meth:`sample_posterior`; the
         number of dropped draws is ``num_dropped`` of the result. For a log Z estimate
-        from the weights use ``nonfinite="keep"``: :func:`~numpyro_uha.evaluation.
-        log_z_from_weights` counts a diverged draw as a zero weight, whereas dropping it
-        would leave it out of the mean.
+        from the weights use ``nonfinite="keep"``:
+        :func:`~numpyro_uha.evaluation.log_z_from_weights` counts a diverged draw as a
+        zero weight, whereas dropping it would leave it out of the mean.
         """
         return self._draws(rng_key, params, args, kwargs, sample_shape, nonfinite=nonfinite)
 

@@ -8,7 +8,9 @@ from numpyro_uha.guide import (
     GROUPS,
     UHADivergenceError,
     UHADivergenceWarning,
+    UHAFitWarning,
     UHAGuide,
+    UHANonfiniteDrawsWarning,
     WeightedDraws,
 )
 from numpyro_uha.io import load_fit, save_fit
@@ -19,7 +21,9 @@ __all__ = [
     "GROUPS",
     "UHADivergenceError",
     "UHADivergenceWarning",
+    "UHAFitWarning",
     "UHAGuide",
+    "UHANonfiniteDrawsWarning",
     "WeightedDraws",
     "load_fit",
     "save_fit",

@@ -44,12 +44,24 @@ from numpyro.distributions.transforms import IdentityTransform, biject_to
 __all__ = [
     "UHADivergenceError",
     "UHADivergenceWarning",
+    "UHANonfiniteDrawsWarning",
+    "UHAFitWarning",
     "DivergenceRecord",
     "LatchConstraint",
     "gate",
     "mask_diverged",
     "finite_guard",
 ]
+
+
+class UHANonfiniteDrawsWarning(RuntimeWarning):
+    """Some posterior draws diverged (non-finite log weight or latent) and were dropped
+    (``sample_posterior(..., nonfinite="drop")``) or given zero weight."""
+
+
+class UHAFitWarning(RuntimeWarning):
+    """The importance weights of the draws say the approximation is poor (Pareto k̂ ≥ 0.7
+    or an ELBO whose Monte Carlo standard error exceeds 1 nat)."""
 
 
 class UHADivergenceError(FloatingPointError):

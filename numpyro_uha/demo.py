@@ -71,7 +71,7 @@ def main(argv=None) -> dict:
         "plain VI": log_z_from_weights(guide_log_weights(key, model, vi_guide, vi_params, args.num_draws)),
         f"UHA (K={args.K})": log_z_from_weights(
             uha_guide.sample_posterior_with_log_weights(
-                key, uha_params, sample_shape=(args.num_draws,)
+                key, uha_params, sample_shape=(args.num_draws,), nonfinite="keep"
             ).log_weights,
             args.K,
         ),

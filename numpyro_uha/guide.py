@@ -32,6 +32,8 @@ from numpyro_uha._divergence import (
     LatchConstraint,
     UHADivergenceError,
     UHADivergenceWarning,
+    UHAFitWarning,
+    UHANonfiniteDrawsWarning,
     check_latch,
     finite_guard,
     gate,
@@ -53,7 +55,21 @@ from numpyro_uha.core import (
 from numpyro_uha.core.batching import batched_map
 from numpyro_uha.core.warm_start import max_curvature, warm_start
 
-__all__ = ["UHAGuide", "WeightedDraws", "GROUPS", "UHADivergenceError", "UHADivergenceWarning"]
+__all__ = [
+    "UHAGuide",
+    "WeightedDraws",
+    "GROUPS",
+    "NONFINITE_MODES",
+    "UHADivergenceError",
+    "UHADivergenceWarning",
+    "UHAFitWarning",
+    "UHANonfiniteDrawsWarning",
+]
+
+#: Values of the ``nonfinite`` argument of :meth:`UHAGuide.sample_posterior`.
+NONFINITE_MODES = ("drop", "raise", "keep")
+#: With ``nonfinite="drop"``, more than this fraction of non-finite draws still raises.
+MAX_NONFINITE_FRACTION = 0.1
 
 #: The stability ceiling on the leapfrog step, as a fraction of the quadratic limit 2/sqrt(λ).
 STABILITY_FRACTION = 0.75
@@ -89,12 +105,16 @@ class WeightedDraws(NamedTuple):
         latent: the flat unconstrained draws z_{K+1}, shape ``sample_shape + (d,)``.
         info: per-transition :class:`~numpyro_uha.core.AnnealingInfo` of every draw
             (``None`` where a caller asked for draws only).
+        num_dropped: how many diverged draws (non-finite log weight or latent) were
+            removed by ``nonfinite="drop"``; the leading size is then the requested one
+            minus ``num_dropped``. 0 with ``"keep"``, ``"raise"`` or under ``jit``.
     """
 
     samples: dict
     log_weights: jax.Array
     latent: jax.Array
     info: AnnealingInfo
+    num_dropped: int = 0
 
 
 def _is_tracer(tree) -> bool:
@@ -471,6 +491,18 @@ class UHAGuide(AutoContinuous):
                         "remove `subsample_size` from this plate."
                     )
             if site["type"] == "sample" and not site["is_observed"]:
+                if site["fn"].support.is_discrete and site.get("infer", {}).get("enumerate"):
+                    raise ValueError(
+                        f"UHAGuide: latent site '{name}' is discrete "
+                        f"({type(site['fn']).__name__}) and marked for enumeration "
+                        f"(infer={{'enumerate': {site['infer']['enumerate']!r}}}), but "
+                        "UHAGuide does not marginalize enumerated sites: its Hamiltonian "
+                        "dynamics need every latent site to be continuous. Marginalize "
+                        "the site by hand (e.g. a numpyro.factor holding the logsumexp of "
+                        "the component log-likelihoods plus the log mixture weights, "
+                        "instead of the discrete sample site), or fit the model with a "
+                        "NumPyro AutoGuide and TraceEnum_ELBO (numpyro.contrib.funsor)."
+                    )
                 if site["fn"].support.is_discrete:
                     raise ValueError(
                         f"UHAGuide: latent site '{name}' has a discrete distribution "
@@ -814,7 +846,14 @@ class UHAGuide(AutoContinuous):
         # which can deadlock XLA:CPU's batched LAPACK kernels (see batched_map).
         return batched_map(one, keys, self.sample_batch_size)
 
-    def _draws(self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True):
+    def _draws(
+        self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True,
+        nonfinite="drop",
+    ):
+        if not isinstance(nonfinite, str) or nonfinite not in NONFINITE_MODES:
+            raise ValueError(
+                f"nonfinite must be one of {list(NONFINITE_MODES)}, got {nonfinite!r}."
+            )
         self._require_setup()
         self._check_params(params)
         sample_shape = tuple(sample_shape)
@@ -829,35 +868,99 @@ class UHAGuide(AutoContinuous):
             rng_key, params, arrays, num_draws=num_draws, spec=spec, corrected=corrected,
             with_info=with_info,
         )
-        if not _is_tracer(log_weights):
-            bad = int(jnp.sum(~jnp.isfinite(log_weights)))
+        draws = WeightedDraws(samples, log_weights, latent, info)
+        # Traced values (an outer jit or vmap): nothing can be counted or dropped, the
+        # draws are returned as they are ("keep").
+        if nonfinite != "keep" and not _is_tracer((log_weights, latent)):
+            finite = np.isfinite(np.asarray(log_weights)) & np.all(
+                np.isfinite(np.asarray(latent)), axis=-1
+            )
+            bad = num_draws - int(np.sum(finite))
             if bad:
-                raise self._divergence.error(
-                    f"{bad} of {num_draws} draws have a non-finite log weight"
-                )
-        return jax.tree.map(
-            lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]),
-            WeightedDraws(samples, log_weights, latent, info),
-        )
+                draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
+                if draws.num_dropped:
+                    return draws
+        return WeightedDraws(*jax.tree.map(
+            lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
+        ))
 
-    def sample_posterior(self, rng_key, params, *args, sample_shape=(), **kwargs):
+    def _handle_nonfinite(self, draws, finite, bad, sample_shape, nonfinite):
+        """``draws`` (flat) without its ``bad`` diverged draws, or the error to raise."""
+        num_draws = finite.size
+        what = (
+            f"{bad} of {num_draws} draws have a non-finite log weight or latent "
+            "(their Hamiltonian trajectories diverged)"
+        )
+        advice = (
+            "Train with a smaller learning rate or max_step_size (the learned step sizes "
+            "are too large for some regions the draws reach)."
+        )
+        if nonfinite == "raise":
+            raise self._divergence.error(what)
+        if bad > MAX_NONFINITE_FRACTION * num_draws:
+            raise self._divergence.error(
+                f"{what}: more than {MAX_NONFINITE_FRACTION * 100:g} %, so the approximation "
+                "is unusable and the draws are not dropped"
+            )
+        if len(sample_shape) != 1:
+            raise ValueError(
+                f"UHAGuide: {what}. nonfinite='drop' removes them, which only works for a "
+                f"one-dimensional sample_shape, got {sample_shape}: draw with "
+                f"sample_shape=({num_draws},) and reshape what is left, or pass "
+                "nonfinite='keep' to get every draw (diverged ones included)."
+            )
+        warnings.warn(
+            f"UHAGuide: {what}; dropped them, so {num_draws - bad} draws are returned instead of "
+            f"{num_draws} (WeightedDraws.num_dropped records the count). {advice} "
+            "Pass nonfinite='keep' to keep them or nonfinite='raise' to make this an error.",
+            UHANonfiniteDrawsWarning,
+            stacklevel=4,
+        )
+        index = jnp.asarray(np.flatnonzero(finite))
+        kept = jax.tree.map(lambda x: jnp.take(x, index, axis=0), tuple(draws[:4]))
+        return WeightedDraws(*kept, num_dropped=bad)
+
+    def sample_posterior(
+        self, rng_key, params, *args, sample_shape=(), nonfinite="drop", **kwargs
+    ):
         """Draw from the UHA approximation (the law of z_{K+1}).
 
         Draws are computed vectorized, ``sample_batch_size`` at a time, so large
         ``sample_shape`` fit in memory. Returns a dict of constrained latent and
         deterministic site values with leading shape ``sample_shape``.
+
+        ``nonfinite`` says what happens to draws whose trajectory diverged (a NaN or
+        infinite log weight, or a non-finite latent):
+
+        - ``"drop"`` (default): they are removed, with a
+          :class:`~numpyro_uha.UHANonfiniteDrawsWarning` giving the count, so the
+          leading size is smaller than requested. Only for a one-dimensional
+          ``sample_shape`` (``()`` raises if its one draw diverged; a longer shape
+          raises ``ValueError``). More than 10 % of diverged draws raise
+          ``FloatingPointError``: the approximation is unusable.
+        - ``"raise"``: any diverged draw raises ``FloatingPointError``.
+        - ``"keep"``: every draw is returned as it is.
+
+        Under ``jax.jit`` or ``jax.vmap`` the values are traced, so nothing can be
+        counted or removed: every mode behaves like ``"keep"``.
         """
-        return self._draws(rng_key, params, args, kwargs, sample_shape, with_info=False).samples
+        return self._draws(
+            rng_key, params, args, kwargs, sample_shape, with_info=False, nonfinite=nonfinite
+        ).samples
 
     def sample_posterior_with_log_weights(
-        self, rng_key, params, *args, sample_shape=(), **kwargs
+        self, rng_key, params, *args, sample_shape=(), nonfinite="drop", **kwargs
     ) -> WeightedDraws:
         """Draws together with their UHA log importance weights (see :class:`WeightedDraws`).
 
         The weights make self-normalized importance sampling, log Z estimates and PSIS
-        diagnostics possible.
+        diagnostics possible. ``nonfinite`` is as in :meth:`sample_posterior`; the
+        number of dropped draws is ``num_dropped`` of the result. For a log Z estimate
+        from the weights use ``nonfinite="keep"``:
+        :func:`~numpyro_uha.evaluation.log_z_from_weights` counts a diverged draw as a
+        zero weight, whereas dropping it would leave it out of the mean.
         """
-        return self._draws(rng_key, params, args, kwargs, sample_shape)
+        return self._draws(rng_key, params, args, kwargs, sample_shape, nonfinite=nonfinite)
 
     @property
     def initial_q(self):

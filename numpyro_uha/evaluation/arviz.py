@@ -17,6 +17,7 @@ import numpy as np
 from numpyro import handlers
 
 __all__ = [
+    "ELBO_SE_BAD",
     "KHAT_BAD",
     "KHAT_GOOD",
     "importance_resample",
@@ -30,6 +31,12 @@ __all__ = [
 KHAT_GOOD = 0.5
 #: Pareto k̂ at or above this: importance-weighted estimates should not be trusted.
 KHAT_BAD = 0.7
+#: ELBO Monte Carlo standard error (nats) above which :class:`~numpyro_uha.UHAFitWarning`
+#: is emitted. log Z (and ELBO) differences of about 1 nat are where evidence between
+#: models starts to count (a Bayes factor of e, Kass & Raftery's "positive" evidence);
+#: an ELBO uncertain by more than that cannot resolve them, and std(log w) = SE · √N that
+#: large (31 nats at N = 1000) means the weights vary over many orders of magnitude.
+ELBO_SE_BAD = 1.0
 
 
 # ----------------------------------------------------------------------- helpers
@@ -60,8 +67,11 @@ def _check_log_weights(log_weights, where) -> np.ndarray:
     return log_w
 
 
-def _check_draws(draws, where):
-    """(flat log weights, number of draws, sample_shape) of a WeightedDraws, validated."""
+def _check_draws(draws, where, allow_nonfinite=False):
+    """(flat log weights, number of draws, sample_shape) of a WeightedDraws, validated.
+
+    With ``allow_nonfinite`` NaN and +inf log weights are let through (the caller
+    handles diverged draws)."""
     if not hasattr(draws, "samples") or not hasattr(draws, "log_weights"):
         raise TypeError(
             f"{where}: expected a WeightedDraws (from "
@@ -79,8 +89,20 @@ def _check_draws(draws, where):
                 f"{where}: site '{name}' has shape {np.shape(value)}, which does not start "
                 f"with the log weights' sample shape {sample_shape}."
             )
-    log_w = _check_log_weights(draws.log_weights, where)
+    if allow_nonfinite:
+        log_w = np.asarray(draws.log_weights, dtype=np.float64).ravel()
+    else:
+        log_w = _check_log_weights(draws.log_weights, where)
     return log_w, log_w.size, sample_shape
+
+
+def _finite_draws(draws, log_w, total):
+    """Mask of the draws whose log weight and latent (if present) are finite."""
+    finite = np.isfinite(log_w)
+    latent = getattr(draws, "latent", None)
+    if latent is not None and np.size(latent):
+        finite &= np.all(np.isfinite(np.asarray(latent, np.float64).reshape(total, -1)), axis=1)
+    return finite
 
 
 def _flat_samples(draws, sample_shape, num_draws):
@@ -164,8 +186,18 @@ def to_inference_data(
       when the model has observed sites).
 
     ``attrs`` record ``weighting`` (``"importance_resampled"`` or ``"none"``),
-    ``num_uha_draws``, and the weights' ``pareto_khat`` (:func:`psis_khat`) and
-    ``importance_ess`` ((Σw)²/Σw²), computed on all UHA draws before resampling.
+    ``num_uha_draws``, the weights' ``pareto_khat`` (:func:`psis_khat`) and
+    ``importance_ess`` ((Σw)²/Σw²), computed on all UHA draws before resampling, and
+    ``num_nonfinite``, the number of diverged draws.
+
+    **Diverged draws** (a NaN or infinite log weight, or a non-finite latent) are zero
+    weights: they are never resampled, and with ``resample=False`` they are left out
+    (with the last few finite draws, if needed, so that the rest split evenly into
+    ``num_chains``). They are counted in ``attrs["num_nonfinite"]`` (together with the
+    ``num_dropped`` of given ``draws``) and announced by a
+    :class:`~numpyro_uha.UHANonfiniteDrawsWarning`; more than 10 % raise
+    ``FloatingPointError``. A :class:`~numpyro_uha.UHAFitWarning` says when the weights
+    show a poor fit (Pareto k̂ ≥ 0.7 or an ELBO standard error above 1 nat).
 
     Args:
         guide: a :class:`~numpyro_uha.UHAGuide` that has been set up (trained).
@@ -193,7 +225,8 @@ def to_inference_data(
     Raises:
         ValueError: if ``num_samples`` or ``num_chains`` is not a positive integer, or the
             number of ``draws`` is not divisible by ``num_chains``.
-        FloatingPointError: if a log weight is NaN or +inf.
+        FloatingPointError: if a log weight is +inf, more than 10 % of the draws
+            diverged, or every weight is zero.
     """
     import arviz as az
 
@@ -202,28 +235,51 @@ def to_inference_data(
         num_samples = _check_positive_int("num_samples", num_samples)
         draw_key, resample_key = jax.random.split(rng_key)
         draws = guide.sample_posterior_with_log_weights(
-            draw_key, params, *args, sample_shape=(num_chains * num_samples,), **kwargs
+            draw_key, params, *args, sample_shape=(num_chains * num_samples,),
+            nonfinite="keep", **kwargs,
         )
     else:
         resample_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
-    log_w, total, sample_shape = _check_draws(draws, "to_inference_data")
-    if total % num_chains:
+    log_w, total, sample_shape = _check_draws(draws, "to_inference_data", allow_nonfinite=True)
+    if np.any(log_w == np.inf):
+        _check_log_weights(log_w, "to_inference_data")  # raises, naming the count
+    finite = _finite_draws(draws, log_w, total)
+    num_bad = int(total - np.sum(finite))
+    num_nonfinite = num_bad + int(getattr(draws, "num_dropped", 0) or 0)
+    if num_bad:
+        _nonfinite_draws(num_bad, total, "to_inference_data")
+    # A diverged draw is a zero weight (see LogZEstimate): never resampled.
+    log_w = np.where(finite, log_w, -np.inf)
+    if not np.any(finite):
+        _check_log_weights(log_w, "to_inference_data")  # raises: all weights are zero
+    samples = _flat_samples(draws, sample_shape, total)
+    if resample:
+        index = _resample_index(resample_key, log_w, total)
+    else:
+        # The UHA draws as they are: the diverged ones are dropped and, if needed, the
+        # last few finite ones too, so that the rest split evenly into chains.
+        index = np.flatnonzero(finite)
+        if num_bad:
+            index = index[: len(index) - len(index) % num_chains]
+    if len(index) % num_chains:
         raise ValueError(
-            f"to_inference_data: {total} draws cannot be split evenly into "
+            f"to_inference_data: {len(index)} draws cannot be split evenly into "
             f"num_chains={num_chains} chains."
         )
-    per_chain = total // num_chains
+    if len(index) == 0:
+        raise ValueError(
+            f"to_inference_data: fewer finite draws than num_chains={num_chains}."
+        )
+    per_chain = len(index) // num_chains
 
     def by_chain(value):
         return value.reshape((num_chains, per_chain) + value.shape[1:])
 
-    samples = _flat_samples(draws, sample_shape, total)
-    index = _resample_index(resample_key, log_w, total) if resample else np.arange(total)
     posterior = {name: by_chain(value[index]) for name, value in samples.items()}
     if resample:
         sample_stats = {"uha_draw": by_chain(index)}
     else:
-        sample_stats = {"log_weight": by_chain(log_w)}
+        sample_stats = {"log_weight": by_chain(log_w[index])}
 
     with handlers.block():
         model_trace = handlers.trace(handlers.seed(guide.model, 0)).get_trace(*args, **kwargs)
@@ -241,13 +297,15 @@ def to_inference_data(
         log_lik = {name: by_chain(value[index]) for name, value in pointwise.items()}
 
     w = np.exp(log_w - np.max(log_w))
+    khat = _warn_if_poor_fit(log_w, "to_inference_data", stacklevel=3)
     attrs = {
         "inference_library": "numpyro_uha",
         "num_transitions": getattr(guide, "K", None),
         "weighting": "importance_resampled" if resample else "none",
         "num_uha_draws": total,
-        "pareto_khat": psis_khat(log_w),
+        "pareto_khat": psis_khat(log_w) if khat is None else khat,
         "importance_ess": float(np.sum(w) ** 2 / np.sum(w**2)),
+        "num_nonfinite": num_nonfinite,
     }
     attrs = {key: value for key, value in attrs.items() if value is not None}
     return az.from_dict(
@@ -256,6 +314,29 @@ def to_inference_data(
         sample_stats=sample_stats,
         observed_data=observed or None,
         attrs=attrs,
+    )
+
+
+def _nonfinite_draws(num_bad, total, where):
+    """Warn about ``num_bad`` diverged draws of ``total``, or raise above 10 %."""
+    import warnings
+
+    from numpyro_uha._divergence import UHANonfiniteDrawsWarning
+
+    what = (
+        f"{where}: {num_bad} of {total} draws have a non-finite log weight or latent "
+        "(their Hamiltonian trajectories diverged)"
+    )
+    advice = "Train with a smaller learning rate or max_step_size."
+    if num_bad > 0.1 * total:
+        raise FloatingPointError(
+            f"{what}: more than 10 %, so the approximation is unusable. {advice}"
+        )
+    warnings.warn(
+        f"{what}; they get zero weight (never resampled) and are left out of the "
+        f"posterior group (attrs['num_nonfinite']). {advice}",
+        UHANonfiniteDrawsWarning,
+        stacklevel=4,
     )
 
 
@@ -350,6 +431,51 @@ def khat_verdict(k) -> str:
     if k < KHAT_BAD:
         return "ok"
     return "bad"
+
+
+def _warn_if_poor_fit(log_weights, where, *, stacklevel=3, khat=None):
+    """Emit :class:`~numpyro_uha.UHAFitWarning` when the weights say the fit is poor.
+
+    Fires when Pareto k̂ ≥ ``KHAT_BAD`` (0.7; an ``inf`` k̂ from too few draws does not
+    count), when the ELBO's standard error over the finite draws exceeds
+    ``ELBO_SE_BAD`` (1 nat), or when more than 10 % of the draws diverged. NaN and -inf
+    log weights are zero weights. Returns k̂.
+    """
+    import warnings
+
+    from numpyro_uha._divergence import UHAFitWarning
+
+    log_w = np.asarray(log_weights, dtype=np.float64).ravel()
+    finite = np.isfinite(log_w)
+    if log_w.size < 2 or np.sum(finite) < 2 or np.any(log_w == np.inf):
+        return khat
+    if khat is None:
+        khat = psis_khat(np.where(finite, log_w, -np.inf))
+    se = float(np.std(log_w[finite], ddof=1) / math.sqrt(np.sum(finite)))
+    num_bad = int(log_w.size - np.sum(finite))
+    problems = []
+    if math.isfinite(khat) and khat >= KHAT_BAD:
+        problems.append(
+            f"Pareto k̂ = {khat:.2f} ≥ {KHAT_BAD} (importance-weighted estimates and "
+            "resampled draws are unreliable)"
+        )
+    if se > ELBO_SE_BAD:
+        problems.append(
+            f"the ELBO's Monte Carlo standard error is {se:.2f} nats > {ELBO_SE_BAD} "
+            f"(std of log w {se * math.sqrt(np.sum(finite)):.1f} nats)"
+        )
+    if num_bad > 0.1 * log_w.size:
+        problems.append(f"{num_bad} of {log_w.size} draws diverged (> 10 %)")
+    if problems:
+        warnings.warn(
+            f"{where}: the importance weights say the approximation is poor: "
+            + "; ".join(problems)
+            + ". Train longer, use a larger K, or a smaller learning rate (and "
+            "max_step_size if draws diverge).",
+            UHAFitWarning,
+            stacklevel=stacklevel,
+        )
+    return khat
 
 
 # --------------------------------------------------------- weighted estimates

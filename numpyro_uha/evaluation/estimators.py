@@ -8,7 +8,8 @@ Two layers with the same estimators:
   :class:`~numpyro_uha.UHAGuide`, its params and the model's arguments.
 
 Every estimate is computed from independent chains, vectorized ``batch_size`` at a time
-under one ``jit``; non-finite log weights raise :class:`FloatingPointError`.
+under one ``jit``. A NaN or -inf log weight (a diverged chain) is a zero weight, counted
+in :attr:`LogZEstimate.num_nonfinite`; a +inf one raises :class:`FloatingPointError`.
 """
 
 from __future__ import annotations
@@ -441,6 +442,12 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
         est = log_z(guide, random.PRNGKey(1), svi_result.params, X, y, num_draws=10_000)
         print(est)  # ELBO -111.8 ± 0.02 | IW log Z -108.9 ± 0.05 | ESS ...
 
+    Diverged draws (NaN or -inf log weight) count as zero weights
+    (``num_nonfinite``; see :class:`LogZEstimate`). A
+    :class:`~numpyro_uha.UHAFitWarning` is emitted when the weights say the fit is poor:
+    Pareto k̂ ≥ 0.7 (:func:`psis_khat`), an ELBO standard error above 1 nat
+    (``ELBO_SE_BAD``), or more than 10 % diverged draws.
+
     Raises:
         TypeError: if ``guide`` is not a NumPyro AutoGuide.
     """
@@ -452,12 +459,16 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
             guide, rng_key, params, *args, num_draws=num_draws,
             batch_size=batch_size or 1000, **kwargs,
         )
+    from numpyro_uha.evaluation.arviz import _warn_if_poor_fit
+
     logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
-    return annealed_log_z(
-        rng_key, logdensity_fn, annealing, num_draws,
-        num_leapfrog_steps=guide.num_leapfrog_steps, integrator=guide.integrator,
-        batch_size=batch_size or guide.sample_batch_size,
+    log_w, _ = _forward(
+        rng_key, logdensity_fn, annealing, num_draws, False, guide.num_leapfrog_steps,
+        batch_size or guide.sample_batch_size, guide.integrator,
     )
+    estimate = log_z_from_weights(log_w, int(annealing.betas.shape[0]))
+    _warn_if_poor_fit(log_w, "log_z")
+    return estimate
 
 
 def hais(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int | None = None, **kwargs) -> HAISResult:

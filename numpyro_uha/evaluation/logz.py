@@ -14,16 +14,29 @@ __all__ = ["LogZEstimate", "guide_log_weights", "log_z_from_weights"]
 class LogZEstimate(NamedTuple):
     """Two estimates of log Z from N log weights.
 
+    A draw whose log weight is NaN or -inf (a diverged trajectory, or an endpoint where
+    the density is 0) counts as a zero weight: as the energy error of a diverging
+    trajectory grows without bound, the momentum-density ratio in its weight, and so the
+    weight, goes to 0. The importance-weighted estimate stays a consistent, lower-biased
+    estimate of log Z with these zeros; the ELBO (mean log w) of such draws is
+    genuinely −∞, so ``elbo`` is reported over the finite draws, and
+    ``num_nonfinite`` says how many there were.
+
     Attributes:
-        elbo: mean of log w, a stochastic lower bound on log Z (in expectation).
-        elbo_se: its Monte Carlo standard error, std(log w) / sqrt(N).
+        elbo: mean of log w, a stochastic lower bound on log Z (in expectation); over the
+            finite draws when some are not (then it is no longer a bound: the ELBO of
+            all draws is −∞).
+        elbo_se: its Monte Carlo standard error, std(log w) / sqrt(N) (over the finite
+            draws, likewise).
         iw: log (1/N) Σ exp(log w_i), the importance-weighted bound: also a lower bound
             in expectation, tighter than ``elbo``, and consistent for log Z as N grows.
+            N counts every draw, the diverged ones as w = 0.
         iw_se: delta-method standard error of ``iw``, std(w) / (sqrt(N) · mean(w)).
             Unreliable when the weights are heavy-tailed (see ``ess``).
         ess: effective sample size of the normalized weights, (Σw)² / Σw².
-        num_draws: N.
+        num_draws: N, every draw (finite or not).
         num_transitions: K used to produce the weights, if known.
+        num_nonfinite: draws whose log weight is NaN or -inf, counted as w = 0.
     """
 
     elbo: float
@@ -33,44 +46,71 @@ class LogZEstimate(NamedTuple):
     ess: float
     num_draws: int
     num_transitions: int | None = None
+    num_nonfinite: int = 0
 
     def __str__(self) -> str:
         k = "" if self.num_transitions is None else f", K={self.num_transitions}"
+        over = ""
+        diverged = ""
+        if self.num_nonfinite:
+            over = f" (over the {self.num_draws - self.num_nonfinite} finite draws)"
+            diverged = (
+                f" | {self.num_nonfinite} of {self.num_draws} draws diverged "
+                "(counted as w = 0)"
+            )
         return (
-            f"ELBO {self.elbo:.4f} ± {self.elbo_se:.4f} | IW log Z {self.iw:.4f} ± "
-            f"{self.iw_se:.4f} | ESS {self.ess:.1f} of {self.num_draws}{k}"
+            f"ELBO {self.elbo:.4f} ± {self.elbo_se:.4f}{over} | IW log Z {self.iw:.4f} ± "
+            f"{self.iw_se:.4f} | ESS {self.ess:.1f} of {self.num_draws}{k}{diverged}"
         )
 
 
 def log_z_from_weights(log_weights, num_transitions: int | None = None) -> LogZEstimate:
     """Summarize log importance weights as :class:`LogZEstimate`.
 
+    NaN and -inf log weights are zero weights (diverged draws, see
+    :class:`LogZEstimate`): ``iw`` is log of the sum of the finite weights over the
+    *total* number of draws, ``elbo`` and ``elbo_se`` are over the finite draws, and
+    ``num_nonfinite`` counts them.
+
     Raises:
-        FloatingPointError: if any weight is NaN or +inf (a diverged draw), or if there are
-            fewer than two draws to estimate a standard error from.
+        FloatingPointError: if a weight is +inf (the estimate would be infinite: a
+            density that is unbounded where the draws go), if fewer than two weights are
+            finite, or if there are fewer than two draws to estimate a standard error
+            from.
     """
     log_w = np.asarray(log_weights, dtype=np.float64).ravel()
     if log_w.size < 2:
         raise FloatingPointError("log_z_from_weights needs at least two log weights.")
-    bad = int(np.sum(np.isnan(log_w) | (log_w == np.inf)))
-    if bad:
+    plus_inf = int(np.sum(log_w == np.inf))
+    if plus_inf:
         raise FloatingPointError(
-            f"{bad} of {log_w.size} log weights are NaN or +inf: the estimate would be "
-            "meaningless. The sampler diverged; lower the step size."
+            f"{plus_inf} of {log_w.size} log weights are +inf: the estimate would be "
+            "infinite. The log density is unbounded (or overflows) where the draws go."
         )
     n = log_w.size
-    shift = np.max(log_w)
-    w = np.exp(log_w - shift)
+    finite = np.isfinite(log_w)
+    num_nonfinite = int(n - np.sum(finite))
+    log_w_finite = log_w[finite]
+    if log_w_finite.size < 2:
+        raise FloatingPointError(
+            f"{num_nonfinite} of {n} log weights are NaN or -inf (diverged draws): fewer "
+            "than two finite ones are left to estimate log Z from. The sampler diverged; "
+            "lower the step size."
+        )
+    shift = np.max(log_w_finite)
+    # Diverged draws are zero weights: they count in N (the mean) but add nothing.
+    w = np.zeros(n)
+    w[finite] = np.exp(log_w_finite - shift)
     mean_w = np.mean(w)
     return LogZEstimate(
-        elbo=float(np.mean(log_w)),
-        # A draw of zero weight (log w = -inf) makes the ELBO -inf with no finite error.
-        elbo_se=float(np.std(log_w, ddof=1) / math.sqrt(n)) if np.all(np.isfinite(log_w)) else math.inf,
+        elbo=float(np.mean(log_w_finite)),
+        elbo_se=float(np.std(log_w_finite, ddof=1) / math.sqrt(log_w_finite.size)),
         iw=float(shift + np.log(mean_w)),
         iw_se=float(np.std(w, ddof=1) / (math.sqrt(n) * mean_w)),
         ess=float(np.sum(w) ** 2 / np.sum(w**2)),
         num_draws=n,
         num_transitions=num_transitions,
+        num_nonfinite=num_nonfinite,
     )
 
 
@@ -117,7 +157,7 @@ def _autoguide_log_z(
     from numpyro import handlers
     from numpyro.infer.autoguide import AutoGuide
 
-    from numpyro_uha.evaluation.arviz import _check_positive_int
+    from numpyro_uha.evaluation.arviz import _check_positive_int, _warn_if_poor_fit
 
     if not isinstance(guide, AutoGuide):
         if callable(guide):
@@ -154,4 +194,6 @@ def _autoguide_log_z(
     log_w = guide_log_weights(
         rng_key, guide.model, guide, params, num_draws, *args, batch_size=batch_size, **kwargs
     )
-    return log_z_from_weights(log_w, getattr(guide, "K", None))
+    estimate = log_z_from_weights(log_w, getattr(guide, "K", None))
+    _warn_if_poor_fit(log_w, "log_z", stacklevel=4)
+    return estimate

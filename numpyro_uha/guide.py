@@ -74,6 +74,9 @@ MAX_NONFINITE_FRACTION = 0.1
 #: The stability ceiling on the leapfrog step, as a fraction of the quadratic limit 2/sqrt(λ).
 STABILITY_FRACTION = 0.75
 
+#: Draws from q (besides its mean) where the stability ceiling's curvature is taken.
+CURVATURE_DRAWS = 64
+
 #: A leapfrog step whose energy error exceeds this many nats has diverged (as in NUTS).
 DIVERGENCE_ENERGY = 1000.0
 
@@ -411,15 +414,21 @@ class UHAGuide(AutoContinuous):
         c · s_i, with s = q's marginal sds.
 
         The leapfrog is stable on a quadratic target only while ε · sqrt(λ_max) < 2 for
-        the Hessian in the step's units; at q's mean, in units of s, λ is the largest of
+        the Hessian in the step's units; at a point, in units of s, λ is the largest of
         λ_max(S H S) (the target) and λ_max(S Σ_q⁻¹ S) (q's part of the bridge, 1 for a
         diagonal q), found by power iteration on Hessian-vector products. The ceiling is
-        ``stability_fraction`` · 2 / sqrt(λ): learning rates that random-walk ε, δ and Σ
+        ``STABILITY_FRACTION`` · 2 / sqrt(λ), with λ the largest over q's mean and
+        ``CURVATURE_DRAWS`` draws from q: learning rates that random-walk ε, δ and Σ
         for thousands of steps cannot push the dynamics over that cliff. ``None`` (no
         ceiling) where the setup runs inside a JAX transform or λ is not finite.
         """
         s = _marginal_std(scale)
-        lam = max_curvature(logdensity_fn, loc, s)
+        # q's mean and CURVATURE_DRAWS draws from q: the curvature in q's tails can be
+        # several times that at its mean (hierarchical scales, heavy tails)
+        noise = jax.random.normal(jax.random.PRNGKey(0), (CURVATURE_DRAWS, loc.shape[-1]), loc.dtype)
+        points = jnp.concatenate([loc[None], loc + noise * s])
+        lams = jax.vmap(lambda z: max_curvature(logdensity_fn, z, s))(points)
+        lam = jnp.max(jnp.where(jnp.isfinite(lams), lams, 0.0))
         if scale.ndim == 2:
             prec = jnp.linalg.inv(scale @ scale.T)
             lam = jnp.maximum(lam, jnp.linalg.eigvalsh(s[:, None] * prec * s[None, :])[-1])

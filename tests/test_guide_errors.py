@@ -292,7 +292,9 @@ def test_diverging_training_warns_then_draws_raise(loss, progress_bar):
         result = svi.run(jax.random.PRNGKey(0), 20, progress_bar=progress_bar)
     assert_all_finite(result.params)
     with pytest.raises(FloatingPointError, match="non-finite log weight") as info:
-        guide.sample_posterior(jax.random.PRNGKey(1), result.params, sample_shape=(200,))
+        guide.sample_posterior(
+            jax.random.PRNGKey(1), result.params, sample_shape=(200,), nonfinite="raise"
+        )
     assert type(info.value) is UHADivergenceError
     assert "max_step_size" in str(info.value) and "init_params" in str(info.value)
     assert info.value.params is guide.last_finite_params

@@ -184,9 +184,24 @@ class UHAGuide(AutoContinuous):
     integrator, δ and the other parameters gives a valid bound and an unbiased
     estimate of Z.
 
-    By default q is first fitted by plain Gaussian VI on the first call's data
-    (``warm_start_steps`` Adam steps), the paper's starting point, and Σ is set to the
-    inverse of q's variances so that ε is in units of the posterior scale.
+    By default q is first fitted by plain Gaussian VI on the first call's data, the
+    paper's starting point, robustly to the posterior's scales
+    (:func:`~numpyro_uha.core.warm_start.warm_start`: an L-BFGS mode and its Laplace
+    scales, then ``warm_start_steps`` Adam steps of VI from three starts, the best kept;
+    a warning says when it had not converged), and Σ is set to the inverse of q's
+    variances so that ε is in units of the posterior scale. After a warm start (or
+    ``init_from``) the defaults that make training hold at common learning rates are on:
+
+    - q's mean, scale and the bridge's mean slope are optimized in units of the warm
+      start's sds (``params`` keep model units), so Adam's steps are the same fraction of
+      a posterior sd on every coordinate, whether it is known to ±1e-3 or ±1e3;
+    - every per-coordinate leapfrog step stays under ¾ of the quadratic stability limit,
+      2 / sqrt(λ_max), with λ_max the largest curvature (in q's sds) over q's mean and 64
+      draws from q, whatever the optimizer does to ε, δ and Σ;
+    - the kick's force is bounded, L tanh(∇ log π / L) with L = 30 / q's sds, so a draw
+      in q's far tails cannot be thrown to infinity (the weight stays exact: see
+      :class:`~numpyro_uha.core.AnnealingParams`);
+    - a particle that diverges anyway is skipped (see ``check_finite``).
 
     Usage::
 
@@ -210,7 +225,8 @@ class UHAGuide(AutoContinuous):
         max_step_size: ε_max; every ε(β_m) stays in (0, ε_max).
         init_damping: initial η in [0, 1).
         frozen: names of groups that are not learned (see above).
-        warm_start_steps: plain-VI steps fitting q at initialization (0 disables).
+        warm_start_steps: plain-VI steps fitting q at initialization (0 disables the warm
+            start, and with it the preconditioning, the step ceiling and the force bound).
         warm_start_learning_rate: peak Adam learning rate of the warm start.
         init_from: ``(fitted_guide, fitted_params)`` of an ``AutoNormal``,
             ``AutoDiagonalNormal`` or ``AutoMultivariateNormal`` trained on the same model:

@@ -138,3 +138,37 @@ def test_max_curvature_is_the_largest_eigenvalue():
     lam = max_curvature(logdensity, jnp.zeros(5), jnp.asarray(s, jnp.float32), num_iters=100)
     expected = np.linalg.eigvalsh(s[:, None] * precision * s[None, :])[-1]
     np.testing.assert_allclose(float(lam), expected, rtol=1e-3)
+
+
+def test_badly_scaled_regression_trains_at_adam_1e2_and_matches_the_exact_posterior(
+    guide_and_state,
+):
+    # Before the scale-robust warm start and the standardized parameters, a regression
+    # like this one ended with a NaN draw in svi.init (ValueError from the model) or
+    # with every coefficient's sd many times too wide.
+    guide, svi, state = guide_and_state
+    result = svi.run(jax.random.PRNGKey(1), 1000, X, Y, progress_bar=False, init_state=state)
+    assert bool(jnp.all(jnp.isfinite(result.losses)))
+    draws = guide.sample_posterior(
+        jax.random.PRNGKey(2), result.params, X, Y, sample_shape=(2000,)
+    )["beta"]
+    mean, precision = exact_posterior()
+    sd = np.sqrt(np.diag(np.linalg.inv(precision)))
+    # "right" as in the model zoo, plus 3 Monte Carlo standard errors of 2000 draws
+    mcse = 3.0 / np.sqrt(2000)
+    z = np.abs(np.asarray(draws, np.float64).mean(0) - mean) / sd
+    assert np.all(z <= 0.5 + mcse), z
+    log_ratio = np.abs(np.log(np.asarray(draws, np.float64).std(0, ddof=1) / sd))
+    assert np.mean(log_ratio) <= 0.3 + 3.0 / np.sqrt(2 * 2000), log_ratio
+
+
+@pytest.mark.slow
+def test_eight_schools_at_adam_1e2_no_longer_diverges():
+    # At commit cd6c790 this zoo run ended in UHADivergenceError (the first tail
+    # divergence froze training, and the draws diverged).
+    from benchmarks.zoo import ZOO, load_reference, run_one
+
+    moments, _ = load_reference("eight_schools_noncentered")
+    record = run_one(ZOO["eight_schools_noncentered"], "UHAGuide", 1e-2, 10_000, 0, 2000, moments)
+    assert "error" not in record, record.get("error")
+    assert record["max_mean_err"] <= 0.5 and record["mean_log_sd_ratio"] <= 0.3, record

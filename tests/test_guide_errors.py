@@ -417,3 +417,29 @@ def test_diverging_warm_start_warns_and_falls_back():
     # q falls back to init_loc_fn and init_scale
     np.testing.assert_allclose(params["auto_scale"], 3.0, rtol=1e-5)
     assert bool(jnp.all(jnp.isfinite(params["auto_loc"])))
+
+
+def narrow_model():
+    """N(0, 0.01²): a leapfrog step of 0.9 in units of q = N(·, 1) is 90 posterior sds."""
+    numpyro.sample("x", dist.Normal(0.0, 0.01))
+
+
+def test_a_finite_but_exploded_trajectory_gives_no_gradient():
+    # The unstable leapfrog multiplies the energy by ~10^4 per step: after 4 steps the
+    # log weight is about -1e15, finite, and its gradient about as large. Such a particle
+    # (energy error > 1000 nats, NUTS's rule) counts as diverged: no gradient from it,
+    # or Adam's second moment would freeze training for thousands of steps.
+    guide = UHAGuide(narrow_model, K=4, warm_start_steps=0, init_scale=1.0, init_step_size=0.9)
+    svi = svi_for(narrow_model, guide)
+    state = svi.init(jax.random.PRNGKey(0))
+    raw = svi.optim.get_params(state.optim_state)
+
+    def loss(raw_params, key):
+        return Trace_ELBO().loss(key, svi.constrain_fn(raw_params), narrow_model, guide)
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(raw, jax.random.PRNGKey(1))
+    assert np.isfinite(float(value)) and float(value) > 1e6
+    for name, g in grads.items():
+        if name != "auto_diverged":
+            assert bool(jnp.all(g == 0)), (name, g)
+    assert float(grads["auto_diverged"]) == 1.0  # the latch sees the diverged particle

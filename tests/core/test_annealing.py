@@ -31,10 +31,12 @@ def gaussian_target(z):
     return LOG_Z + jnp.sum(jax.scipy.stats.norm.logpdf(z, TARGET_MEAN, TARGET_STD))
 
 
-def random_params(seed, num_transitions=6, full_rank=False, drift=False) -> AnnealingParams:
+def random_params(
+    seed, num_transitions=6, full_rank=False, drift=False, force_limit=None
+) -> AnnealingParams:
     """Arbitrary, untrained parameters; q is wider than the target so weights have
     finite variance and the Monte Carlo standard error is meaningful. ``drift`` adds a
-    non-unit drift scale δ."""
+    non-unit drift scale δ; ``force_limit`` bounds the kick's force (per coordinate)."""
     rng = np.random.default_rng(seed)
     scale = rng.uniform(1.5, 2.5, DIM)
     if full_rank:
@@ -49,6 +51,7 @@ def random_params(seed, num_transitions=6, full_rank=False, drift=False) -> Anne
         bridge_loc_slope=rng.normal(size=DIM) * 0.3,
         bridge_log_scale_slope=rng.normal(size=DIM) * 0.3,
         drift_scale=rng.uniform(0.5, 2.0, DIM) if drift else None,
+        force_limit=None if force_limit is None else jnp.full(DIM, force_limit),
     )
 
 
@@ -74,6 +77,14 @@ CASES = [
         dict(drift=True), dict(integrator="position_verlet", corrected=True),
         id="hais-position-drift",
     ),
+    # a force bound of 0.5 is active on most kicks here (q is 1.5-2.5 sds wide): any
+    # force of the position alone keeps the leapfrog a volume-preserving involution
+    pytest.param(dict(drift=True, force_limit=0.5), dict(), id="uha-force-limit"),
+    pytest.param(
+        dict(full_rank=True, force_limit=0.5), dict(integrator="position_verlet"),
+        id="uha-position-force-limit",
+    ),
+    pytest.param(dict(force_limit=0.5), dict(corrected=True), id="hais-force-limit"),
 ]
 
 
@@ -114,7 +125,7 @@ def _algorithm3_reference(
     """Plain-Python transcription of Algorithms 3 and 5 (one draw), drawing the same
     random numbers as the scanned implementation; position Verlet swaps the leapfrog's
     order, and δ multiplies the step of every drift and every kick."""
-    loc, scale, betas, step_sizes, eta, sigma, loc_slope, log_scale_slope, delta = params
+    loc, scale, betas, step_sizes, eta, sigma, loc_slope, log_scale_slope, delta = params[:9]
     delta = 1.0 if delta is None else delta
     dim = loc.shape[0]
     key_init, key_momentum, key_refresh, _ = jax.random.split(rng_key, 4)

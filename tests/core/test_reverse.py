@@ -93,7 +93,7 @@ def _replay_backward(key, logdensity_fn, params, z_end, corrected, integrator):
     (HAIS: accepted with the Metropolis probability, else (z, −ρ)), then the refresh,
     which is reversible with respect to S. Returns (z_1, forward log weight of the path,
     number of rejected backward moves)."""
-    loc, scale, betas, step_sizes, eta, sigma, loc_slope, log_scale_slope, delta = params
+    loc, scale, betas, step_sizes, eta, sigma, loc_slope, log_scale_slope, delta = params[:9]
     delta = jnp.ones_like(loc) if delta is None else delta
     num_transitions, dim = betas.shape[0], loc.shape[0]
     key_momentum, key_refresh, key_accept = jax.random.split(key, 3)

@@ -369,9 +369,11 @@ def test_rare_divergences_do_not_stop_training():
     first = finite.index(False)
     for values in raw:
         assert_all_finite(values)
-    # parameters keep moving after the first diverging step
-    late = raw[-1]["auto_loc"]
-    assert not np.allclose(late, raw[first + 20]["auto_loc"])
+    # parameters keep moving after the first diverging step (with training frozen there,
+    # Adam's momentum would have decayed to 0.9^100 of a step by first + 100)
+    assert first < 150, first
+    after = np.array([float(values["auto_loc"][0]) for values in raw[first + 100 :]])
+    assert np.ptp(after) > 1e-3, np.ptp(after)
     assert guide._divergence.count == finite.count(False)
     with pytest.warns(UHADivergenceWarning, match=f"{finite.count(False)} training step"):
         params = svi.get_params(state)

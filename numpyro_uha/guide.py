@@ -83,6 +83,10 @@ DIVERGENCE_ENERGY = 1000.0
 #: Where the kick's force saturates, in q's standard deviations (AnnealingParams.force_limit).
 FORCE_LIMIT_SDS = 30.0
 
+#: Registered but never learned: the stability ceiling and the force bound, set by the
+#: warm start (see ``_stability_ceiling``), in params so that the fit carries them.
+FIXED = ("stability_scale", "stability_ceiling", "force_limit")
+
 #: Learnable parameter groups (paper Section 5.3) and the parameters in each.
 GROUPS: dict[str, tuple[str, ...]] = {
     "q": ("loc", "scale"),
@@ -239,8 +243,8 @@ class UHAGuide(AutoContinuous):
         check_finite: watch for NaN or infinite log weights during training, on every
             backend: a particle whose trajectory diverged is skipped (no gradient flows
             back from it, and a step whose gradient is not finite leaves the parameters
-            unchanged), training goes on, and :class:`UHADivergenceWarning` says how
-            many steps diverged where values are concrete (``svi.get_params``, so the end
+            unchanged), training goes on, and
+            :class:`~numpyro_uha.UHADivergenceWarning` says how many steps diverged where values are concrete (``svi.get_params``, so the end
             of ``svi.run``; this guide's methods). When the trained guide's *draws*
             diverge, its draw methods raise :class:`UHADivergenceError` (a
             ``FloatingPointError``) holding the parameters of the first diverging
@@ -424,6 +428,13 @@ class UHAGuide(AutoContinuous):
         self._force_limit = (
             FORCE_LIMIT_SDS / self._precondition[1] if self._precondition is not None else None
         )
+        # Both enter the dynamics, so they are registered as (never learned) params: a
+        # guide rebuilt from scratch and given a fit's params draws what the fit drew.
+        if self._step_ceiling is not None:
+            self._init_values["stability_scale"] = self._step_ceiling[0]
+            self._init_values["stability_ceiling"] = jnp.asarray(self._step_ceiling[1], dtype)
+        if self._force_limit is not None:
+            self._init_values["force_limit"] = self._force_limit
 
     def _stability_ceiling(self, logdensity_fn, loc, scale):
         """``(s, c)``: every per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most
@@ -647,6 +658,11 @@ class UHAGuide(AutoContinuous):
             "bridge_loc_slope": slope_constraint,
             "bridge_log_scale_slope": constraints.real,
             "drift_scale": constraints.positive,
+            **{
+                short: constraints.positive
+                for short in FIXED
+                if self._init_values is not None and short in self._init_values
+            },
         }
 
     def _param_name(self, short):
@@ -655,6 +671,8 @@ class UHAGuide(AutoContinuous):
         return f"{self.prefix}_{short}"
 
     def _learnable(self, short):
+        if short in FIXED:
+            return False
         return not any(short in GROUPS[g] for g in self.frozen)
 
     def _assemble(self, values) -> AnnealingParams:
@@ -662,11 +680,10 @@ class UHAGuide(AutoContinuous):
         step_sizes = step_sizes_from_beta(
             betas, values["step_size"], values["step_size_slope"], self.max_step_size
         )
-        ceiling = getattr(self, "_step_ceiling", None)
-        if ceiling is not None:
+        if "stability_ceiling" in values:
             # the largest per-coordinate step, in units of q's sds, stays under the
             # leapfrog's stability ceiling (see _stability_ceiling)
-            s, c = ceiling
+            s, c = values["stability_scale"], values["stability_ceiling"]
             widest = jnp.max(values["drift_scale"] / (values["momentum_scale"] * s))
             step_sizes = jnp.minimum(step_sizes, c / widest)
         return AnnealingParams(
@@ -679,7 +696,7 @@ class UHAGuide(AutoContinuous):
             bridge_loc_slope=values["bridge_loc_slope"],
             bridge_log_scale_slope=values["bridge_log_scale_slope"],
             drift_scale=values["drift_scale"],
-            force_limit=getattr(self, "_force_limit", None),
+            force_limit=values.get("force_limit"),
         )
 
     @property
@@ -712,7 +729,12 @@ class UHAGuide(AutoContinuous):
         """
         self._require_setup()
         values = {}
+        for short in FIXED:  # a fit's ceiling and force bound, whatever this guide's setup
+            if self._param_name(short) in params:
+                values[short] = jnp.asarray(params[self._param_name(short)])
         for short in self._param_specs():
+            if short in values:
+                continue
             name = self._param_name(short)
             if name in params:
                 values[short] = jnp.asarray(params[name])
@@ -1035,7 +1057,7 @@ class UHAGuide(AutoContinuous):
         new = copy.copy(self)
         new.K = K
         new.max_step_size = self.max_step_size * factor
-        if getattr(self, "_step_ceiling", None) is not None:
+        if "stability_ceiling" in self._init_values:
             new._step_ceiling = (self._step_ceiling[0], self._step_ceiling[1] * factor)
         new.init_step_size = self.init_step_size * factor
         new._jitted_draws = {}
@@ -1049,6 +1071,11 @@ class UHAGuide(AutoContinuous):
         step_name = self._param_name("step_size")
         if step_name in new_params:
             new_params[step_name] = jnp.asarray(params[step_name]) * factor
+        ceiling_name = self._param_name("stability_ceiling")
+        if "stability_ceiling" in new._init_values:
+            new._init_values["stability_ceiling"] = self._init_values["stability_ceiling"] * factor
+        if ceiling_name in new_params:
+            new_params[ceiling_name] = jnp.asarray(params[ceiling_name]) * factor
         return new, new_params
 
     def latent_from_samples(self, samples, *args, params=None, **kwargs):

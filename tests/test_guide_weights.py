@@ -180,4 +180,7 @@ def test_extrapolation_to_the_same_k_changes_nothing():
     same_guide, same_params = guide.extrapolate(params, 6)
     old, new = guide.get_annealing_params(params), same_guide.get_annealing_params(same_params)
     for a, b in zip(old, new):
+        if a is None:  # e.g. no force bound without a warm start
+            assert b is None
+            continue
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -244,8 +244,9 @@ class UHAGuide(AutoContinuous):
             backend: a particle whose trajectory diverged is skipped (no gradient flows
             back from it, and a step whose gradient is not finite leaves the parameters
             unchanged), training goes on, and
-            :class:`~numpyro_uha.UHADivergenceWarning` says how many steps diverged where values are concrete (``svi.get_params``, so the end
-            of ``svi.run``; this guide's methods). When the trained guide's *draws*
+            :class:`~numpyro_uha.UHADivergenceWarning` says how many steps diverged
+            where values are concrete (``svi.get_params``, so the end of ``svi.run``;
+            this guide's methods). When the trained guide's *draws*
             diverge, its draw methods raise :class:`UHADivergenceError` (a
             ``FloatingPointError``) holding the parameters of the first diverging
             training step. ``False`` lets NaN through (use with

@@ -8,12 +8,12 @@ reported where values are concrete. Raising an exception inside a host callback 
 undefined behaviour in JAX (on CPU a wrapped ``JaxRuntimeError``, on GPU logged and
 lost), so nothing here raises inside a compiled computation. Four parts work together:
 
-* **a mask** (:func:`mask_diverged`): on the guide's outputs, it zeroes the gradient that
-  flows back from a particle whose log weight is not finite;
-* **a gate** (:func:`gate`): an identity on the guide's parameter values whose backward
-  pass zeroes their gradient when it is not finite (NaN from a diverged trajectory can
-  still reach it through the leapfrog's own derivatives), so NaN never reaches the
-  parameters: the step is skipped;
+* **a gate** (:func:`gate`): an identity whose backward pass zeroes the gradient when it
+  is not finite or when told to stop. On the guide's outputs it stops the gradient that
+  flows back from a diverged particle; on the guide's parameter values it zeroes a
+  gradient that is still not finite (NaN from a diverged trajectory can reach them
+  through the leapfrog's own derivatives), so NaN never reaches the parameters: the
+  step is skipped;
 * **a latch**: a scalar ``numpyro.param`` (``{prefix}_diverged``, starting at 0) whose
   loss gradient is the fraction of particles with a non-finite log weight. The
   optimizer moves it away from 0 at the first divergence and it never comes back (its
@@ -49,7 +49,6 @@ __all__ = [
     "DivergenceRecord",
     "LatchConstraint",
     "gate",
-    "mask_diverged",
     "finite_guard",
 ]
 
@@ -224,23 +223,6 @@ def _gate_bwd(stop, cotangent):
 
 
 gate.defvjp(_gate_fwd, _gate_bwd)
-
-
-@jax.custom_vjp
-def mask_diverged(tree, diverged):
-    """Identity on ``tree``; no gradient flows back through it where ``diverged``."""
-    return tree
-
-
-def _mask_fwd(tree, diverged):
-    return tree, diverged
-
-
-def _mask_bwd(diverged, cotangent):
-    return jax.tree.map(lambda c: jnp.where(diverged, jnp.zeros_like(c), c), cotangent), None
-
-
-mask_diverged.defvjp(_mask_fwd, _mask_bwd)
 
 
 # ----------------------------------------------------------------------- record guard

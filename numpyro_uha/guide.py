@@ -37,7 +37,6 @@ from numpyro_uha._divergence import (
     check_latch,
     finite_guard,
     gate,
-    mask_diverged,
 )
 from numpyro_uha._precondition import (
     StandardizedCholesky,
@@ -420,22 +419,16 @@ class UHAGuide(AutoContinuous):
             "drift_scale": jnp.ones(self.latent_dim, dtype),
             "bridge_log_scale_slope": jnp.zeros(self.latent_dim, dtype),
         }
-        self._step_ceiling = (
-            self._stability_ceiling(logdensity_fn, loc, scale)
-            if self._precondition is not None else None
-        )
-        # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
-        # coordinate that far out; see AnnealingParams.force_limit
-        self._force_limit = (
-            FORCE_LIMIT_SDS / self._precondition[1] if self._precondition is not None else None
-        )
-        # Both enter the dynamics, so they are registered as (never learned) params: a
-        # guide rebuilt from scratch and given a fit's params draws what the fit drew.
-        if self._step_ceiling is not None:
-            self._init_values["stability_scale"] = self._step_ceiling[0]
-            self._init_values["stability_ceiling"] = jnp.asarray(self._step_ceiling[1], dtype)
-        if self._force_limit is not None:
-            self._init_values["force_limit"] = self._force_limit
+        if self._precondition is not None:
+            # Both enter the dynamics, so they are registered as (never learned) params:
+            # a guide rebuilt from scratch and given a fit's params draws what the fit drew.
+            ceiling = self._stability_ceiling(logdensity_fn, loc, scale)
+            if ceiling is not None:
+                self._init_values["stability_scale"] = ceiling[0]
+                self._init_values["stability_ceiling"] = jnp.asarray(ceiling[1], dtype)
+            # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
+            # coordinate that far out; see AnnealingParams.force_limit
+            self._init_values["force_limit"] = FORCE_LIMIT_SDS / self._precondition[1]
 
     def _stability_ceiling(self, logdensity_fn, loc, scale):
         """``(s, c)``: every per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most
@@ -813,7 +806,7 @@ class UHAGuide(AutoContinuous):
             diverged = ~jnp.isfinite(jax.lax.stop_gradient(log_weight)) | jnp.any(
                 energy_error > DIVERGENCE_ENERGY
             )
-            z, factor = mask_diverged((z, factor), diverged)
+            z, factor = gate((z, factor), diverged)
             if not _is_tracer(z) and not bool(jnp.all(jnp.isfinite(z))):
                 # A concrete call (svi.init, Predictive without jit): the model would
                 # reject NaN values with an opaque validation error. Hand it the finite
@@ -1058,8 +1051,6 @@ class UHAGuide(AutoContinuous):
         new = copy.copy(self)
         new.K = K
         new.max_step_size = self.max_step_size * factor
-        if "stability_ceiling" in self._init_values:
-            new._step_ceiling = (self._step_ceiling[0], self._step_ceiling[1] * factor)
         new.init_step_size = self.init_step_size * factor
         new._jitted_draws = {}
         new._init_values = dict(self._init_values)

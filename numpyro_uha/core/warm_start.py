@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from numpyro_uha.core.batching import batched_map
 from numpyro_uha.core.vi import fit_gaussian, gaussian_elbo
 
 __all__ = ["WarmStart", "curvature_scale", "find_mode", "max_curvature", "warm_start"]
@@ -75,7 +76,8 @@ def curvature_scale(
     def hvp_diag(e):
         return jnp.vdot(e, jax.jvp(grad, (z,), (e,))[1])
 
-    neg_diag = -jax.lax.map(hvp_diag, jnp.eye(dim, dtype=z.dtype), batch_size=min(dim, 256))
+    # batched_map, not lax.map: no remainder batch beside the scan (see batching.py)
+    neg_diag = -batched_map(hvp_diag, jnp.eye(dim, dtype=z.dtype), 256)
     ok = jnp.isfinite(neg_diag) & (neg_diag > 0)
     scale = jnp.where(ok, jax.lax.rsqrt(jnp.where(ok, neg_diag, 1.0)), fallback)
     return jnp.clip(scale, 1e-12, 1e12)

@@ -26,10 +26,10 @@ import json
 import os
 import queue
 import re
-import selectors
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -112,7 +112,8 @@ for line in sys.stdin:
 class Kernel:
     """One Python process that executes documentation pages, each in a fresh namespace."""
 
-    def __init__(self, workdir: Path, cache_dir: Path):
+    def __init__(self, workdir: Path, cache_dir: Path, timeout_s: float = PAGE_TIMEOUT_S):
+        self.timeout_s = timeout_s
         workdir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = workdir / "stderr.txt"
         cwd = workdir / "cwd"
@@ -139,7 +140,9 @@ class Kernel:
                 text=True,
             )
         self.requests: queue.Queue[str] = queue.Queue()
+        self.replies: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._write, daemon=True).start()
+        threading.Thread(target=self._read, daemon=True).start()
 
     def submit(self, page: Path) -> None:
         """Queue ``page``; a writer thread feeds the process, so a full pipe cannot block."""
@@ -159,17 +162,30 @@ class Kernel:
         except (BrokenPipeError, ValueError):
             pass  # the process died; reading its reply reports why
 
+    def _read(self) -> None:
+        """Move each reply line into ``self.replies``; ``None`` once the process exits.
+
+        A reader thread, not ``select`` on the pipe followed by ``readline``: the buffered
+        ``readline`` can take several replies off the pipe at once, and a ``select`` for
+        the next one then waits on an empty pipe for a reply already read (a kernel that
+        ran ahead of the tests looked hung for the full timeout).
+        """
+        for line in self.process.stdout:
+            self.replies.put(line)
+        self.replies.put(None)
+
     def next_reply(self) -> dict:
         """The reply to the oldest page not yet answered."""
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            ready = selector.select(timeout=PAGE_TIMEOUT_S)
-        line = self.process.stdout.readline() if ready else ""
+        try:
+            line = self.replies.get(timeout=self.timeout_s)
+        except queue.Empty:
+            line, reason = None, f"took longer than {self.timeout_s:g} s"
+        else:
+            reason = "exited"
         if line:
             return json.loads(line)
         self.close()
         stderr = self.stderr_path.read_text(errors="replace")[-5000:]
-        reason = f"took longer than {PAGE_TIMEOUT_S} s" if not ready else "exited"
         return {"ok": False, "error": f"the example process {reason}:\n{stderr}", "output": ""}
 
     def close(self) -> None:
@@ -265,6 +281,34 @@ def test_pages_are_collected():
 
 def test_home_page_example_is_the_readme_example():
     assert _python_blocks(DOCS / "index.md") == _python_blocks(ROOT / "README.md")
+
+
+def test_kernel_returns_replies_that_arrived_together(tmp_path, monkeypatch):
+    # Both pages are answered before the first reply is read: the second reply must come
+    # at once, not after the timeout (a buffered readline took both off the pipe, and a
+    # select for the second then waited on an empty pipe: khat.md "hung" in CI).
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    marker = tmp_path / "second-page-ran"
+    first, second = tmp_path / "first.md", tmp_path / "second.md"
+    first.write_text("```python\nprint('first')\n```\n", encoding="utf-8")
+    second.write_text(
+        f"```python\nprint('second')\nopen({str(marker)!r}, 'w').close()\n```\n",
+        encoding="utf-8",
+    )
+    kernel = Kernel(tmp_path / "kernel", tmp_path / "cache", timeout_s=20)
+    try:
+        kernel.submit(first)
+        kernel.submit(second)
+        for _ in range(200):
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # the second reply is written right after the marker
+        assert marker.exists()
+        replies = [kernel.next_reply() for _ in range(2)]
+    finally:
+        kernel.close()
+    assert [reply["output"] for reply in replies] == ["first\n", "second\n"], replies
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)

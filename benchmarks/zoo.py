@@ -45,6 +45,7 @@ import math
 import shlex
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -259,6 +260,9 @@ def _message(err: BaseException) -> str:
 def run_one(entry, kind, lr, steps, seed, num_draws, moments, smoke=False):
     record = {"model": entry.name, "guide": kind, "lr": lr, "steps": steps, "seed": seed}
     start = time.perf_counter()
+    caught = warnings.catch_warnings(record=True)
+    log = caught.__enter__()
+    warnings.simplefilter("always")
     try:
         guide = make_guide(kind, entry.model, smoke)
         svi = SVI(entry.model, guide, optax.adam(lr), Trace_ELBO())
@@ -297,6 +301,14 @@ def run_one(entry, kind, lr, steps, seed, num_draws, moments, smoke=False):
         record["error_type"] = f"{type(err).__module__}.{type(err).__qualname__}"
         record["error"] = _message(err)
         record["right"] = False
+    finally:
+        caught.__exit__(None, None, None)
+    # What a user would have been told: the guides' own warnings (NumPyro's and
+    # numpyro_uha's), by category, counted once per category and message.
+    record["warnings"] = sorted({
+        w.category.__name__ for w in log
+        if w.category.__name__.startswith("UHA") or w.category is RuntimeWarning
+    })
     # Every run compiles its own programs; without this a full run's process grows by
     # gigabytes (a first full run died of an LLVM out-of-memory error).
     jax.clear_caches()
@@ -347,7 +359,17 @@ def _cell(run, ref_ok):
     if not ref_ok:
         mark = "(ref refused)"
     nan = " NaN loss" if run["status"] == "nan" else ""
-    return f"{mark} {run['max_mean_err']:.2f} / {run['mean_log_sd_ratio']:.2f}{nan}"
+    warned = " ⚠" if _fit_warned(run) else ""
+    return f"{mark} {run['max_mean_err']:.2f} / {run['mean_log_sd_ratio']:.2f}{nan}{warned}"
+
+
+#: Warnings that tell the user the fit itself is not to be trusted (a warm start that had
+#: not converged is advice, not a verdict, so it does not count).
+FIT_WARNINGS = ("UHAFitWarning", "UHADivergenceWarning", "UHANonfiniteDrawsWarning")
+
+
+def _fit_warned(run) -> bool:
+    return any(w in FIT_WARNINGS for w in run.get("warnings", ()))
 
 
 def render(payload) -> str:
@@ -368,7 +390,9 @@ def render(payload) -> str:
         f"(`benchmarks/reference/{SETS[model_set]['reference_dir'].name}/`) coordinate by coordinate in "
         "constrained space. "
         "Each cell: ✓/✗ (right = max |mean err|/sd ≤ 0.5 and mean |log sd ratio| ≤ 0.3), then "
-        "max |mean err|/sd / mean |log sd ratio|; ✗ with an exception's name = the run raised "
+        "max |mean err|/sd / mean |log sd ratio|; ⚠ = the guide warned the user that the fit "
+        "is poor (`UHAFitWarning`, `UHADivergenceWarning`, `UHANonfiniteDrawsWarning`; runs "
+        "from before warnings were recorded show none); ✗ with an exception's name = the run raised "
         "(messages below); `UHAGuide` is at its defaults (K = 32, 1000 warm-start steps); "
         "`UHAGuide IR` = the same UHA draws importance-resampled by their weights.",
         "",
@@ -412,7 +436,15 @@ def render(payload) -> str:
             n_right = sum(bool(r.get("right")) for r in rs)
             n_err = sum(r["status"] == "error" for r in rs)
             n_nan = sum(r["status"] == "nan" for r in rs)
-            extra = ", ".join(filter(None, [f"{n_err} raised" if n_err else "", f"{n_nan} NaN" if n_nan else ""]))
+            n_silent = sum(
+                not r.get("right") and r["status"] == "ok" and "warnings" in r and not _fit_warned(r)
+                for r in rs
+            )
+            recorded = any("warnings" in r for r in rs)
+            extra = ", ".join(filter(None, [
+                f"{n_err} raised" if n_err else "", f"{n_nan} NaN" if n_nan else "",
+                f"{n_silent} wrong without a warning" if recorded else "",
+            ]))
             cells.append(f"{n_right}/{len(rs)}" + (f" ({extra})" if extra else ""))
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
         if g == "UHAGuide":

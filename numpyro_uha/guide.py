@@ -52,6 +52,7 @@ from numpyro_uha.core import (
     step_sizes_from_beta,
 )
 from numpyro_uha.core.batching import batched_map
+from numpyro_uha.core.vi import gaussian_log_weights
 from numpyro_uha.core.warm_start import max_curvature, warm_start
 
 __all__ = [
@@ -81,6 +82,13 @@ DIVERGENCE_ENERGY = 1000.0
 
 #: Where the kick's force saturates, in q's standard deviations (AnnealingParams.force_limit).
 FORCE_LIMIT_SDS = 30.0
+
+#: Draws of the starting q whose log weights estimate its ELBO (for ``init_from``; the
+#: warm start scores its q with its own ``num_score_draws``).
+START_ELBO_DRAWS = 256
+
+#: Fewer finite draws than this are not compared with the starting q's ELBO.
+START_ELBO_MIN_DRAWS = 100
 
 #: Registered but never learned: the stability ceiling and the force bound, set by the
 #: warm start (see ``_stability_ceiling``), in params so that the fit carries them.
@@ -368,9 +376,15 @@ class UHAGuide(AutoContinuous):
             init_scale = jnp.full(self.latent_dim, self._init_scale)
         loc, scale = init_loc, init_scale
         self._precondition = None
+        self._start_elbo = None  # (ELBO, its standard error) of the q UHA starts from
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
             self._precondition = (loc, _marginal_std(scale))
+            if not _is_tracer((loc, scale)):
+                self._start_elbo = _mean_and_se(gaussian_log_weights(
+                    jax.random.PRNGKey(0), logdensity_fn, loc, scale, START_ELBO_DRAWS,
+                    batch_size=self.sample_batch_size,
+                ))
         elif self.warm_start_steps > 0:
             fit = warm_start(
                 numpyro.prng_key(),
@@ -387,6 +401,7 @@ class UHAGuide(AutoContinuous):
             elif bool(jnp.all(jnp.isfinite(fit.loc)) & jnp.all(jnp.isfinite(fit.scale))):
                 loc, scale = fit.loc, fit.scale
                 self._precondition = (loc, _marginal_std(scale))
+                self._start_elbo = _mean_and_se(fit.log_weights)
                 if not bool(fit.converged):
                     warnings.warn(
                         f"UHAGuide: the plain-VI warm start had not converged after "
@@ -917,6 +932,7 @@ class UHAGuide(AutoContinuous):
                 np.isfinite(np.asarray(latent)), axis=-1
             )
             bad = num_draws - int(np.sum(finite))
+            self.warn_if_worse_than_start(log_weights, stacklevel=4)
             if bad:
                 draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
                 if draws.num_dropped:
@@ -924,6 +940,61 @@ class UHAGuide(AutoContinuous):
         return WeightedDraws(*jax.tree.map(
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))
+
+    def warn_if_worse_than_start(self, log_weights, *, stacklevel=2) -> bool:
+        """Warn (:class:`~numpyro_uha.UHAFitWarning`) when UHA's bound is worse than q's.
+
+        UHA starts from a Gaussian q (the warm start, or ``init_from``) and training
+        should only improve on q's ELBO: with ε → 0 the UHA bound *is* q's ELBO. Draws
+        whose mean log weight (the UHA ELBO) lies below q's ELBO by more than
+        ``max(1 nat, 4 standard errors)`` (both estimates' errors combined), or of which
+        significantly more than half (a sign test at 4 standard errors, robust to a few
+        huge negative log weights, which make the mean's error useless exactly when
+        training broke down) lie more than 1 nat below q's ELBO, mean that
+        training made the approximation worse: at a learning rate too high for the
+        annealing parameters they can drift until the dynamics break down, and the draws
+        are then far from the posterior, often with no divergence reported. Checked by
+        ``sample_posterior``, ``sample_posterior_with_log_weights`` and the evaluation
+        layer on concrete draws (at least :data:`START_ELBO_MIN_DRAWS` finite ones).
+        Returns whether it warned.
+        """
+        if self._start_elbo is None or _is_tracer(log_weights):
+            return False
+        log_w = np.asarray(log_weights, np.float64).ravel()
+        log_w = log_w[np.isfinite(log_w)]
+        if log_w.size < START_ELBO_MIN_DRAWS:
+            return False
+        start, start_se = self._start_elbo
+        elbo, se = _mean_and_se(log_w)
+        # A sign test too: a few enormous negative log weights make the mean's standard
+        # error useless exactly when training has broken down. If the median log weight
+        # were at least start - 1 nat, at most half the draws would fall below that.
+        below = float(np.mean(log_w < start - 1.0))
+        median = float(np.median(log_w))
+        worse = []
+        if start - elbo > max(1.0, 4.0 * math.hypot(se, start_se)):
+            worse.append(
+                f"the UHA ELBO (mean log weight) is {elbo:.4g} ± {se:.2g}, "
+                f"{start - elbo:.3g} nats below q's"
+            )
+        if below > 0.5 + 4.0 * math.sqrt(0.25 / log_w.size):
+            worse.append(
+                f"{below:.0%} of the log weights lie more than 1 nat below q's ELBO (median "
+                f"{median:.4g}, {start - median:.3g} nats below)"
+            )
+        if not worse:
+            return False
+        warnings.warn(
+            "UHAGuide: training made the approximation worse than the Gaussian q it "
+            f"started from: over {log_w.size} draws at these params, {'; '.join(worse)}; "
+            f"q's ELBO is {start:.4g} ± {start_se:.2g}. The draws may be far from the "
+            "posterior. This happens when the learning rate is too high for the annealing "
+            "parameters (they drift until the dynamics break down): train with a smaller "
+            "learning rate (e.g. optax.adam(1e-2) or 1e-3).",
+            UHAFitWarning,
+            stacklevel=stacklevel + 1,
+        )
+        return True
 
     def _handle_nonfinite(self, draws, finite, bad, sample_shape, nonfinite):
         """``draws`` (flat) without its ``bad`` diverged draws, or the error to raise."""
@@ -1160,6 +1231,15 @@ class UHAGuide(AutoContinuous):
 def _marginal_std(scale):
     """q's marginal standard deviations from a scale vector or a Cholesky factor."""
     return jnp.sqrt(jnp.sum(scale**2, axis=-1)) if jnp.ndim(scale) == 2 else scale
+
+
+def _mean_and_se(values) -> tuple[float, float] | None:
+    """Mean and standard error of the finite ``values``; ``None`` for fewer than two."""
+    values = np.asarray(values, np.float64).ravel()
+    values = values[np.isfinite(values)]
+    if values.size < 2:
+        return None
+    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(values.size))
 
 
 def _real(name, value) -> float:

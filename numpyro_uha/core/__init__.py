@@ -32,7 +32,7 @@ from numpyro_uha.core.parametrization import (
     logits_from_betas,
     step_sizes_from_beta,
 )
-from numpyro_uha.core.vi import GaussianFit, fit_gaussian, gaussian_elbo
+from numpyro_uha.core.vi import GaussianFit, fit_gaussian, gaussian_elbo, gaussian_log_weights
 
 __all__ = [
     "INTEGRATORS",
@@ -47,6 +47,7 @@ __all__ = [
     "drift_kick_drift",
     "fit_gaussian",
     "gaussian_elbo",
+    "gaussian_log_weights",
     "gaussian_grad_logpdf",
     "gaussian_logpdf",
     "gaussian_sample",

@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from numpyro_uha.core.batching import batched_map
 from numpyro_uha.core.gaussian import gaussian_logpdf, gaussian_sample
 
-__all__ = ["GaussianFit", "gaussian_elbo", "fit_gaussian"]
+__all__ = ["GaussianFit", "gaussian_elbo", "gaussian_log_weights", "fit_gaussian"]
 
 
 class GaussianFit(NamedTuple):
@@ -39,13 +40,31 @@ def gaussian_elbo(
     num_particles: int = 1,
 ) -> jax.Array:
     """Reparameterized estimate of E_q[log p̄(z) - log q(z)] over ``num_particles`` draws."""
-    noise = jax.random.normal(rng_key, (num_particles, loc.shape[-1]), loc.dtype)
+    return jnp.mean(gaussian_log_weights(rng_key, logdensity_fn, loc, scale, num_particles))
+
+
+def gaussian_log_weights(
+    rng_key: jax.Array,
+    logdensity_fn: Callable[[jax.Array], jax.Array],
+    loc: jax.Array,
+    scale: jax.Array,
+    num_draws: int,
+    batch_size: int | None = None,
+) -> jax.Array:
+    """log p̄(z) - log q(z) at ``num_draws`` draws z ~ q, shape ``(num_draws,)``.
+
+    Their mean is q's ELBO. With ``batch_size``, the draws are evaluated that many at a
+    time (:func:`~numpyro_uha.core.batching.batched_map`), to bound memory.
+    """
+    noise = jax.random.normal(rng_key, (num_draws, loc.shape[-1]), loc.dtype)
 
     def one(eps):
         z = gaussian_sample(eps, loc, scale)
         return logdensity_fn(z) - gaussian_logpdf(z, loc, scale)
 
-    return jnp.mean(jax.vmap(one)(noise))
+    if batch_size is None:
+        return jax.vmap(one)(noise)
+    return batched_map(one, noise, batch_size)
 
 
 def _scale_to_raw(scale):

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import optax
 
 from numpyro_uha.core.batching import batched_map
-from numpyro_uha.core.vi import fit_gaussian, gaussian_elbo
+from numpyro_uha.core.vi import fit_gaussian, gaussian_log_weights
 
 __all__ = ["WarmStart", "curvature_scale", "find_mode", "max_curvature", "warm_start"]
 
@@ -50,7 +50,9 @@ class WarmStart(NamedTuple):
         losses: negative ELBO estimates of the VI steps.
         start: which start the kept fit came from: 0 the plain warm start, 1 init_loc
             standardized by its curvature, 2 the Laplace approximation at the mode.
-        start_elbos: the three starts' Monte Carlo ELBOs before VI (NaN where not finite).
+        log_weights: log p̄(z) − log q(z) at ``num_score_draws`` fresh draws z from the
+            kept q: their mean estimates its ELBO, the bound UHA starts from and should
+            improve on.
         converged: whether the VI's loss had stopped decreasing (see module docstring).
     """
 
@@ -58,7 +60,7 @@ class WarmStart(NamedTuple):
     scale: jax.Array
     losses: jax.Array
     start: jax.Array
-    start_elbos: jax.Array
+    log_weights: jax.Array
     converged: jax.Array
 
 
@@ -157,15 +159,6 @@ def warm_start(
     mode, _ = find_mode(logdensity_fn, init_loc, scale0, mode_steps)
     scale1 = curvature_scale(logdensity_fn, mode, scale0)
 
-    def score(loc, scale):
-        value = gaussian_elbo(score_key, logdensity_fn, loc, scale, num_score_draws)
-        return jnp.where(jnp.isfinite(value), value, -jnp.inf)
-
-    elbos = jnp.stack([
-        score(init_loc, jnp.broadcast_to(jnp.asarray(fallback_scale, dtype), (init_loc.shape[-1],))),
-        score(init_loc, scale0),
-        score(mode, scale1),
-    ])
     dim = init_loc.shape[-1]
     # 0: the plain warm start (z-coordinates, q = N(init_loc, fallback_scale²));
     # 1: from init_loc, standardized by the curvature there;
@@ -197,9 +190,9 @@ def warm_start(
     final = jnp.where(jnp.isfinite(final), final, jnp.inf)
     best = jnp.argmin(final)
     loc, scale, losses = locs[best], fitted_scales[best], all_losses[best]
+    log_weights = gaussian_log_weights(score_key, logdensity_fn, loc, scale, num_score_draws)
     return WarmStart(
-        loc, scale, losses, best.astype(jnp.int32),
-        jnp.where(jnp.isfinite(elbos), elbos, jnp.nan), _converged(losses),
+        loc, scale, losses, best.astype(jnp.int32), log_weights, _converged(losses)
     )
 
 

@@ -468,6 +468,7 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
     )
     estimate = log_z_from_weights(log_w, int(annealing.betas.shape[0]))
     _warn_if_poor_fit(log_w, "log_z")
+    guide.warn_if_worse_than_start(log_w, stacklevel=2)
     return estimate
 
 

@@ -59,8 +59,10 @@ class UHANonfiniteDrawsWarning(RuntimeWarning):
 
 
 class UHAFitWarning(RuntimeWarning):
-    """The importance weights of the draws say the approximation is poor (Pareto k̂ ≥ 0.7
-    or an ELBO whose Monte Carlo standard error exceeds 1 nat)."""
+    """The importance weights of the draws say the approximation is poor: Pareto k̂ ≥ 0.7,
+    an ELBO whose Monte Carlo standard error exceeds 1 nat, or (from the guide's draws
+    and ``log_z``) a bound below the ELBO of the Gaussian q training started from
+    (:meth:`~numpyro_uha.UHAGuide.warn_if_worse_than_start`)."""
 
 
 class UHADivergenceError(FloatingPointError):
@@ -129,8 +131,9 @@ class DivergenceRecord:
     def warning(self, where: str) -> str:
         return (
             f"UHAGuide: divergences during training (found {where}). {self._detail()} "
-            "A few skipped steps are harmless; if the draws diverge too (sample_posterior "
-            "says so), use a smaller learning rate or max_step_size."
+            "A few skipped steps are harmless; if the draws diverge too, or the fit ended "
+            "worse than the warm start (sample_posterior says both), use a smaller "
+            "learning rate or max_step_size."
         )
 
     def error(self, what: str) -> UHADivergenceError:

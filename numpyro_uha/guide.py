@@ -9,6 +9,7 @@ a flat log density in unconstrained space (Jacobians included) from the argument
 from __future__ import annotations
 
 import math
+from functools import partial
 import warnings
 from typing import NamedTuple
 
@@ -89,6 +90,9 @@ START_ELBO_DRAWS = 256
 
 #: Fewer finite draws than this are not compared with the starting q's ELBO.
 START_ELBO_MIN_DRAWS = 100
+
+#: The narrowest chunk of draws sample_posterior compiles (see UHAGuide._draws).
+DRAW_CHUNK_MIN = 64
 
 #: Registered but never learned: the stability ceiling and the force bound, set by the
 #: warm start (see ``_stability_ceiling``), in params so that the fit carries them.
@@ -877,7 +881,7 @@ class UHAGuide(AutoContinuous):
                 "the guide once with the model's arguments first."
             )
 
-    def _draw_impl(self, rng_key, params, arrays, num_draws, spec, corrected, with_info):
+    def _draw_impl(self, keys, params, arrays, batch_size, spec, corrected, with_info):
         args, kwargs = _merge_static(arrays, spec)
         annealing = self.get_annealing_params(params)
         model_params = self._model_params_in(params)
@@ -897,10 +901,9 @@ class UHAGuide(AutoContinuous):
                 )
             return samples, log_weight, z, (info if with_info else None)
 
-        keys = jax.random.split(rng_key, num_draws)
         # Equal batches in one scan: lax.map's remainder batch would run beside the scan,
         # which can deadlock XLA:CPU's batched LAPACK kernels (see batched_map).
-        return batched_map(one, keys, self.sample_batch_size)
+        return batched_map(one, keys, batch_size)
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True,
@@ -918,12 +921,42 @@ class UHAGuide(AutoContinuous):
         if spec not in self._jitted_draws:
             self._jitted_draws[spec] = jax.jit(
                 self._draw_impl,
-                static_argnames=("num_draws", "spec", "corrected", "with_info"),
+                static_argnames=("batch_size", "spec", "corrected", "with_info"),
             )
-        samples, log_weights, latent, info = self._jitted_draws[spec](
-            rng_key, params, arrays, num_draws=num_draws, spec=spec, corrected=corrected,
-            with_info=with_info,
+        draw = partial(
+            self._jitted_draws[spec], params=params, arrays=arrays, spec=spec,
+            corrected=corrected, with_info=with_info,
         )
+        host_keys = _host_keys(rng_key, num_draws, params, arrays)
+        if host_keys is not None:
+            # Concrete: the draws run in chunks of a fixed width, one compiled program
+            # per width, so a new sample_shape reuses it (widths are powers of two from
+            # DRAW_CHUNK_MIN up to sample_batch_size; the last chunk is padded with
+            # copies of the first draws' keys, computed and dropped). Keys are cut and
+            # results joined on the host: no program is compiled per sample_shape
+            # beyond the key split.
+            width = min(
+                self.sample_batch_size,
+                max(DRAW_CHUNK_MIN, 1 << (num_draws - 1).bit_length()),
+            )
+            num_chunks = -(-num_draws // width)
+            host_keys = host_keys[np.arange(num_chunks * width) % num_draws]
+            chunks = [
+                draw(host_keys[i * width:(i + 1) * width], batch_size=width)
+                for i in range(num_chunks)
+            ]
+            if num_chunks == 1 and width == num_draws:
+                out = chunks[0]
+            else:
+                out = jax.tree.map(
+                    lambda *xs: jnp.asarray(np.concatenate([np.asarray(x) for x in xs])[:num_draws]),
+                    *chunks,
+                )
+        else:
+            # Traced (under an outer jit or vmap): one program, batched in one scan.
+            keys = jax.random.split(rng_key, num_draws)
+            out = draw(keys, batch_size=self.sample_batch_size)
+        samples, log_weights, latent, info = out
         draws = WeightedDraws(samples, log_weights, latent, info)
         # Traced values (an outer jit or vmap): nothing can be counted or dropped, the
         # draws are returned as they are ("keep").
@@ -1231,6 +1264,28 @@ class UHAGuide(AutoContinuous):
 def _marginal_std(scale):
     """q's marginal standard deviations from a scale vector or a Cholesky factor."""
     return jnp.sqrt(jnp.sum(scale**2, axis=-1)) if jnp.ndim(scale) == 2 else scale
+
+
+_split_keys = jax.jit(jax.random.split, static_argnums=1)
+
+
+def _host_keys(rng_key, num_draws, params, arrays):
+    """``jax.random.split(rng_key, num_draws)`` as a host array, or ``None`` where the
+    draws cannot run in chunks (traced values, typed keys, no draws).
+
+    Under JAX's partitionable threefry (the default) key i of a split does not depend on
+    the split's size, so the keys come from a split to the next power of two: compiled
+    once per power of two, not once per ``num_draws``.
+    """
+    if not num_draws or _is_tracer((rng_key, params, arrays)):
+        return None
+    rng_key = jnp.asarray(rng_key)
+    if jax.dtypes.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
+        return None
+    if jax.config.jax_threefry_partitionable:
+        size = max(DRAW_CHUNK_MIN, 1 << (num_draws - 1).bit_length())
+        return np.asarray(_split_keys(rng_key, size))[:num_draws]
+    return np.asarray(jax.random.split(rng_key, num_draws))
 
 
 def _mean_and_se(values) -> tuple[float, float] | None:

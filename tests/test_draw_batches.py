@@ -16,8 +16,13 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
 import pytest
+from numpyro.infer import SVI, Trace_ELBO
 
+from numpyro_uha import UHAGuide
 from numpyro_uha.core.batching import batched_map
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,3 +106,33 @@ def test_gp_draws_with_a_remainder_do_not_hang():
         pytest.fail("2000 UHAGuide draws of a GP model hung (lax.map remainder + batched LAPACK)")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ok" in proc.stdout
+
+
+def _tiny_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def test_a_new_sample_shape_reuses_the_compiled_draws():
+    """Draws run in chunks of a fixed width (powers of two up to sample_batch_size), so
+    a new sample_shape compiles no new chain; draw i is the same whatever the number of
+    draws (its key is key i of the split)."""
+    y = jnp.linspace(-1.0, 2.0, 10)
+    guide = UHAGuide(_tiny_model, K=2, warm_start_steps=0, sample_batch_size=256)
+    svi = SVI(_tiny_model, guide, optax.adam(1e-2), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    key = jax.random.PRNGKey(1)
+    first = guide.sample_posterior(key, params, y, sample_shape=(600,))
+    (compiled,) = guide._jitted_draws.values()
+    size = compiled._cache_size()
+    for n in (257, 1000, 300):  # all at the full width, 256
+        draws = guide.sample_posterior(key, params, y, sample_shape=(n,))
+        assert draws["mu"].shape == (n,)
+        np.testing.assert_allclose(draws["mu"][:257], first["mu"][:257], rtol=1e-6)
+    assert compiled._cache_size() == size
+    small = guide.sample_posterior(key, params, y, sample_shape=(37,))  # width 64: one more
+    np.testing.assert_allclose(small["mu"], first["mu"][:37], rtol=1e-6)
+    assert compiled._cache_size() == size + 1
+    guide.sample_posterior(key, params, y, sample_shape=(50,))  # width 64 again
+    assert compiled._cache_size() == size + 1

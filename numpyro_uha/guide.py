@@ -1070,8 +1070,12 @@ class UHAGuide(AutoContinuous):
     ):
         """Draw from the UHA approximation (the law of z_{K+1}).
 
-        Draws are computed vectorized, ``sample_batch_size`` at a time, so large
-        ``sample_shape`` fit in memory. Returns a dict of constrained latent and
+        Draws are computed vectorized, in chunks of at most ``sample_batch_size``, so
+        large ``sample_shape`` fit in memory. The chunk width is a power of two (64 up
+        to ``sample_batch_size``), and the chain is compiled once per width: a new
+        ``sample_shape`` of at least ``sample_batch_size`` draws, or in an already
+        used power-of-two range, reuses it. Draw ``i`` is the same for every
+        ``sample_shape`` with more than ``i`` draws (same key). Returns a dict of constrained latent and
         deterministic site values with leading shape ``sample_shape``.
 
         ``nonfinite`` says what happens to draws whose trajectory diverged (a NaN or

@@ -881,7 +881,9 @@ class UHAGuide(AutoContinuous):
                 "the guide once with the model's arguments first."
             )
 
-    def _draw_impl(self, keys, params, arrays, batch_size, spec, corrected, with_info):
+    def _draw_impl(
+        self, keys, params, arrays, batch_size, spec, corrected, with_info, with_samples=True
+    ):
         args, kwargs = _merge_static(arrays, spec)
         annealing = self.get_annealing_params(params)
         model_params = self._model_params_in(params)
@@ -894,11 +896,13 @@ class UHAGuide(AutoContinuous):
                 num_leapfrog_steps=self.num_leapfrog_steps, corrected=corrected,
                 integrator=self.integrator,
             )
-            with handlers.block():
-                samples = constrain_fn(
-                    handlers.seed(model, 0), args, kwargs, self._unpack_latent(z),
-                    return_deterministic=True,
-                )
+            samples = None
+            if with_samples:
+                with handlers.block():
+                    samples = constrain_fn(
+                        handlers.seed(model, 0), args, kwargs, self._unpack_latent(z),
+                        return_deterministic=True,
+                    )
             return samples, log_weight, z, (info if with_info else None)
 
         # Equal batches in one scan: lax.map's remainder batch would run beside the scan,
@@ -907,7 +911,7 @@ class UHAGuide(AutoContinuous):
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True,
-        nonfinite="drop",
+        nonfinite="drop", with_samples=True,
     ):
         if not isinstance(nonfinite, str) or nonfinite not in NONFINITE_MODES:
             raise ValueError(
@@ -921,11 +925,11 @@ class UHAGuide(AutoContinuous):
         if spec not in self._jitted_draws:
             self._jitted_draws[spec] = jax.jit(
                 self._draw_impl,
-                static_argnames=("batch_size", "spec", "corrected", "with_info"),
+                static_argnames=("batch_size", "spec", "corrected", "with_info", "with_samples"),
             )
         draw = partial(
             self._jitted_draws[spec], params=params, arrays=arrays, spec=spec,
-            corrected=corrected, with_info=with_info,
+            corrected=corrected, with_info=with_info, with_samples=with_samples,
         )
         host_keys = _host_keys(rng_key, num_draws, params, arrays)
         if host_keys is not None:
@@ -988,7 +992,7 @@ class UHAGuide(AutoContinuous):
         annealing parameters they can drift until the dynamics break down, and the draws
         are then far from the posterior, often with no divergence reported. Checked by
         ``sample_posterior``, ``sample_posterior_with_log_weights`` and the evaluation
-        layer on concrete draws (at least :data:`START_ELBO_MIN_DRAWS` finite ones).
+        layer on concrete draws (at least ``START_ELBO_MIN_DRAWS`` = 100 finite ones).
         Returns whether it warned.
         """
         if self._start_elbo is None or _is_tracer(log_weights):

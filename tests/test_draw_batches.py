@@ -136,3 +136,27 @@ def test_a_new_sample_shape_reuses_the_compiled_draws():
     assert compiled._cache_size() == size + 1
     guide.sample_posterior(key, params, y, sample_shape=(50,))  # width 64 again
     assert compiled._cache_size() == size + 1
+
+
+def test_log_z_reuses_the_compiled_draws_and_matches_the_chain_runner():
+    """log_z of a UHAGuide runs the guide's compiled draws (no new program for a second
+    call or another num_draws at full width) and gives the very estimate of the
+    one-off chain runner it used before (an explicit batch_size still takes that path)."""
+    from numpyro_uha.evaluation import log_z
+
+    y = jnp.linspace(-1.0, 2.0, 10)
+    guide = UHAGuide(_tiny_model, K=3, warm_start_steps=0, sample_batch_size=256)
+    svi = SVI(_tiny_model, guide, optax.adam(1e-2), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    key = jax.random.PRNGKey(2)
+    first = log_z(guide, key, params, y, num_draws=600)
+    (compiled,) = guide._jitted_draws.values()
+    size = compiled._cache_size()
+    again = log_z(guide, key, params, y, num_draws=600)
+    log_z(guide, key, params, y, num_draws=900)
+    assert compiled._cache_size() == size
+    assert again.elbo == first.elbo and again.iw == first.iw
+    runner = log_z(guide, key, params, y, num_draws=600, batch_size=100)
+    np.testing.assert_allclose(runner.elbo, first.elbo, rtol=1e-6)
+    np.testing.assert_allclose(runner.iw, first.iw, rtol=1e-6)
+    np.testing.assert_allclose(runner.elbo_se, first.elbo_se, rtol=1e-5)

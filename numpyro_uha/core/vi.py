@@ -54,7 +54,7 @@ def gaussian_log_weights(
     """log p̄(z) - log q(z) at ``num_draws`` draws z ~ q, shape ``(num_draws,)``.
 
     Their mean is q's ELBO. With ``batch_size``, the draws are evaluated that many at a
-    time (:func:`~numpyro_uha.core.batching.batched_map`), to bound memory.
+    time (in equal batches, one after another), to bound memory.
     """
     noise = jax.random.normal(rng_key, (num_draws, loc.shape[-1]), loc.dtype)
 

@@ -442,11 +442,17 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
         est = log_z(guide, random.PRNGKey(1), svi_result.params, X, y, num_draws=10_000)
         print(est)  # ELBO -111.8 ± 0.02 | IW log Z -108.9 ± 0.05 | ESS ...
 
+    For a UHAGuide without an explicit ``batch_size`` (or with the guide's
+    ``sample_batch_size``) the chains are the guide's own compiled draws
+    (:meth:`~numpyro_uha.UHAGuide.sample_posterior_with_log_weights`, key by key the same
+    chains): a second call, or one with another ``num_draws``, does not recompile.
+
     Diverged draws (NaN or -inf log weight) count as zero weights
     (``num_nonfinite``; see :class:`LogZEstimate`). A
     :class:`~numpyro_uha.UHAFitWarning` is emitted when the weights say the fit is poor:
     Pareto k̂ ≥ 0.7 (:func:`psis_khat`), an ELBO standard error above 1 nat
-    (``ELBO_SE_BAD``), or more than 10 % diverged draws.
+    (``ELBO_SE_BAD``), more than 10 % diverged draws, or a bound below the ELBO of the
+    Gaussian q training started from (:meth:`~numpyro_uha.UHAGuide.warn_if_worse_than_start`).
 
     Raises:
         TypeError: if ``guide`` is not a NumPyro AutoGuide.
@@ -461,12 +467,25 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
         )
     from numpyro_uha.evaluation.arviz import _warn_if_poor_fit
 
-    logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
-    log_w, _ = _forward(
-        rng_key, logdensity_fn, annealing, num_draws, False, guide.num_leapfrog_steps,
-        batch_size or guide.sample_batch_size, guide.integrator,
-    )
-    estimate = log_z_from_weights(log_w, int(annealing.betas.shape[0]))
+    num_draws = _check_num_draws(num_draws)
+    if batch_size is None or batch_size == guide.sample_batch_size:
+        # The guide's own draws (the same chains, key by key): compiled once per chunk
+        # width, so a second call, or one with another num_draws, does not recompile.
+        guide._require_setup()
+        draws = guide._draws(
+            rng_key, params, args, kwargs, (num_draws,), with_info=False, nonfinite="keep",
+            with_samples=False,
+        )
+        log_w = np.asarray(draws.log_weights, np.float64)
+        num_steps = int(guide.get_annealing_params(params).betas.shape[0])
+    else:
+        logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
+        log_w, _ = _forward(
+            rng_key, logdensity_fn, annealing, num_draws, False, guide.num_leapfrog_steps,
+            batch_size, guide.integrator,
+        )
+        num_steps = int(annealing.betas.shape[0])
+    estimate = log_z_from_weights(log_w, num_steps)
     _warn_if_poor_fit(log_w, "log_z")
     guide.warn_if_worse_than_start(log_w, stacklevel=2)
     return estimate

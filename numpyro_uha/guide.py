@@ -911,7 +911,7 @@ class UHAGuide(AutoContinuous):
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True,
-        nonfinite="drop", with_samples=True,
+        nonfinite="drop", with_samples=True, batch_size=None,
     ):
         if not isinstance(nonfinite, str) or nonfinite not in NONFINITE_MODES:
             raise ValueError(
@@ -936,13 +936,11 @@ class UHAGuide(AutoContinuous):
             # Concrete: the draws run in chunks of a fixed width, one compiled program
             # per width, so a new sample_shape reuses it (widths are powers of two from
             # DRAW_CHUNK_MIN up to sample_batch_size; the last chunk is padded with
-            # copies of the first draws' keys, computed and dropped). Keys are cut and
+            # copies of the first draws' keys, computed and dropped; ``batch_size``, where
+            # given, caps the width instead of sample_batch_size). Keys are cut and
             # results joined on the host: no program is compiled per sample_shape
             # beyond the key split.
-            width = min(
-                self.sample_batch_size,
-                max(DRAW_CHUNK_MIN, 1 << (num_draws - 1).bit_length()),
-            )
+            width = min(batch_size or self.sample_batch_size, _chunk_bucket(num_draws))
             num_chunks = -(-num_draws // width)
             host_keys = host_keys[np.arange(num_chunks * width) % num_draws]
             chunks = [
@@ -959,7 +957,7 @@ class UHAGuide(AutoContinuous):
         else:
             # Traced (under an outer jit or vmap): one program, batched in one scan.
             keys = jax.random.split(rng_key, num_draws)
-            out = draw(keys, batch_size=self.sample_batch_size)
+            out = draw(keys, batch_size=batch_size or self.sample_batch_size)
         samples, log_weights, latent, info = out
         draws = WeightedDraws(samples, log_weights, latent, info)
         # Traced values (an outer jit or vmap): nothing can be counted or dropped, the
@@ -1277,6 +1275,12 @@ def _marginal_std(scale):
 _split_keys = jax.jit(jax.random.split, static_argnums=1)
 
 
+def _chunk_bucket(num_draws: int) -> int:
+    """The power of two at or above ``num_draws``, at least ``DRAW_CHUNK_MIN``: the sizes
+    the draws' key split and chunk widths are compiled for."""
+    return max(DRAW_CHUNK_MIN, 1 << (num_draws - 1).bit_length())
+
+
 def _host_keys(rng_key, num_draws, params, arrays):
     """``jax.random.split(rng_key, num_draws)`` as a host array, or ``None`` where the
     draws cannot run in chunks (traced values, typed keys, no draws).
@@ -1291,8 +1295,7 @@ def _host_keys(rng_key, num_draws, params, arrays):
     if jax.dtypes.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
         return None
     if jax.config.jax_threefry_partitionable:
-        size = max(DRAW_CHUNK_MIN, 1 << (num_draws - 1).bit_length())
-        return np.asarray(_split_keys(rng_key, size))[:num_draws]
+        return np.asarray(_split_keys(rng_key, _chunk_bucket(num_draws)))[:num_draws]
     return np.asarray(jax.random.split(rng_key, num_draws))
 
 

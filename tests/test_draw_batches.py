@@ -141,8 +141,9 @@ def test_a_new_sample_shape_reuses_the_compiled_draws():
 def test_log_z_reuses_the_compiled_draws_and_matches_the_chain_runner():
     """log_z of a UHAGuide runs the guide's compiled draws (no new program for a second
     call or another num_draws at full width) and gives the very estimate of the
-    one-off chain runner it used before (an explicit batch_size still takes that path)."""
-    from numpyro_uha.evaluation import log_z
+    one-off chain runner it used before, at any batch_size."""
+    from numpyro_uha.evaluation import log_z, log_z_from_weights
+    from numpyro_uha.evaluation.estimators import _forward
 
     y = jnp.linspace(-1.0, 2.0, 10)
     guide = UHAGuide(_tiny_model, K=3, warm_start_steps=0, sample_batch_size=256)
@@ -156,7 +157,12 @@ def test_log_z_reuses_the_compiled_draws_and_matches_the_chain_runner():
     log_z(guide, key, params, y, num_draws=900)
     assert compiled._cache_size() == size
     assert again.elbo == first.elbo and again.iw == first.iw
-    runner = log_z(guide, key, params, y, num_draws=600, batch_size=100)
-    np.testing.assert_allclose(runner.elbo, first.elbo, rtol=1e-6)
-    np.testing.assert_allclose(runner.iw, first.iw, rtol=1e-6)
-    np.testing.assert_allclose(runner.elbo_se, first.elbo_se, rtol=1e-5)
+    runner_log_w, _ = _forward(
+        key, guide.get_logdensity_fn(params, y), guide.get_annealing_params(params), 600,
+        False, guide.num_leapfrog_steps, 100, guide.integrator,
+    )
+    runner = log_z_from_weights(runner_log_w, guide.K)
+    for estimate in (first, log_z(guide, key, params, y, num_draws=600, batch_size=100)):
+        np.testing.assert_allclose(runner.elbo, estimate.elbo, rtol=1e-6)
+        np.testing.assert_allclose(runner.iw, estimate.iw, rtol=1e-6)
+        np.testing.assert_allclose(runner.elbo_se, estimate.elbo_se, rtol=1e-5)

@@ -442,10 +442,11 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
         est = log_z(guide, random.PRNGKey(1), svi_result.params, X, y, num_draws=10_000)
         print(est)  # ELBO -111.8 ± 0.02 | IW log Z -108.9 ± 0.05 | ESS ...
 
-    For a UHAGuide without an explicit ``batch_size`` (or with the guide's
-    ``sample_batch_size``) the chains are the guide's own compiled draws
+    For a UHAGuide the chains are the guide's own compiled draws
     (:meth:`~numpyro_uha.UHAGuide.sample_posterior_with_log_weights`, key by key the same
-    chains): a second call, or one with another ``num_draws``, does not recompile.
+    chains, at most ``batch_size`` at a time, by default the guide's
+    ``sample_batch_size``): a second call, or one with another ``num_draws``, does not
+    recompile.
 
     Diverged draws (NaN or -inf log weight) count as zero weights
     (``num_nonfinite``; see :class:`LogZEstimate`). A
@@ -468,23 +469,14 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
     from numpyro_uha.evaluation.arviz import _warn_if_poor_fit
 
     num_draws = _check_num_draws(num_draws)
-    if batch_size is None or batch_size == guide.sample_batch_size:
-        # The guide's own draws (the same chains, key by key): compiled once per chunk
-        # width, so a second call, or one with another num_draws, does not recompile.
-        guide._require_setup()
-        draws = guide._draws(
-            rng_key, params, args, kwargs, (num_draws,), with_info=False, nonfinite="keep",
-            with_samples=False,
-        )
-        log_w = np.asarray(draws.log_weights, np.float64)
-        num_steps = int(guide.get_annealing_params(params).betas.shape[0])
-    else:
-        logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
-        log_w, _ = _forward(
-            rng_key, logdensity_fn, annealing, num_draws, False, guide.num_leapfrog_steps,
-            batch_size, guide.integrator,
-        )
-        num_steps = int(annealing.betas.shape[0])
+    # The guide's own draws (the same chains, key by key): compiled once per chunk width,
+    # so a second call, or one with another num_draws, does not recompile.
+    draws = guide._draws(
+        rng_key, params, args, kwargs, (num_draws,), with_info=False, nonfinite="keep",
+        with_samples=False, batch_size=batch_size,
+    )
+    log_w = np.asarray(draws.log_weights, np.float64)
+    num_steps = int(guide.get_annealing_params(params).betas.shape[0])
     estimate = log_z_from_weights(log_w, num_steps)
     _warn_if_poor_fit(log_w, "log_z")
     guide.warn_if_worse_than_start(log_w, stacklevel=2)

@@ -9,42 +9,40 @@ model does not warn, and the same guide with q moved far from the posterior warn
 ``sample_posterior`` and from ``log_z``.
 """
 
+import math
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
-import optax
 import pytest
-from numpyro.infer import SVI, Trace_ELBO
 
+import conjugate_model as cm
 from numpyro_uha import UHAFitWarning, UHAGuide
 from numpyro_uha.evaluation import log_z
 
 START = -40.0
 
 
-def model(y):
-    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
-    with numpyro.plate("n", y.shape[0]):
-        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
-
-
-Y = jax.random.normal(jax.random.PRNGKey(3), (20,)) + 1.5
-
-
 @pytest.fixture(scope="module")
 def fitted():
-    guide = UHAGuide(model, K=4, warm_start_steps=300)
-    svi = SVI(model, guide, optax.adam(1e-2), Trace_ELBO())
-    result = svi.run(jax.random.PRNGKey(0), 300, Y, progress_bar=False)
-    return guide, result.params
+    return cm.fit_guide()
+
+
+def exact_log_z():
+    """log Z of the conjugate model: the mean's two coordinates are independent conjugate
+    normals; tau's likelihood is flat and its prior integrates to 1."""
+    n, s0, sigma = cm.N_OBS, cm.PRIOR_SD, cm.NOISE_SD
+    y = np.asarray(cm.Y, np.float64)
+    post_var = 1.0 / (1.0 / s0**2 + n / sigma**2)
+    per_coordinate = (
+        -n * math.log(sigma) - 0.5 * n * math.log(2 * math.pi) - (y**2).sum(0) / (2 * sigma**2)
+        + 0.5 * math.log(post_var / s0**2) + 0.5 * post_var * (y.sum(0) / sigma**2) ** 2
+    )
+    return float(per_coordinate.sum())
 
 
 def _bare_guide(start=(START, 0.05)):
-    guide = UHAGuide(model)
+    guide = UHAGuide(cm.model)
     guide._start_elbo = start
     return guide
 
@@ -94,20 +92,14 @@ def test_warm_start_scores_its_q(fitted):
     start, se = guide._start_elbo
     assert np.isfinite(start) and 0 < se < 1
     # the warm start's q is close to the exact posterior: its ELBO is close to log Z
-    n, s0 = Y.shape[0], 10.0
-    post_var = 1.0 / (1.0 / s0**2 + n)
-    log_z_exact = (
-        -0.5 * n * np.log(2 * np.pi) - 0.5 * float(jnp.sum(Y**2))
-        + 0.5 * np.log(post_var / s0**2) + 0.5 * post_var * float(jnp.sum(Y)) ** 2
-    )
-    assert log_z_exact - 1.0 < start < log_z_exact + 4 * se
+    assert exact_log_z() - 1.0 < start < exact_log_z() + 4 * se
 
 
 def test_trained_guide_does_not_warn(fitted):
     guide, params = fitted
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        guide.sample_posterior(jax.random.PRNGKey(1), params, Y, sample_shape=(1000,))
+        guide.sample_posterior(jax.random.PRNGKey(1), params, cm.Y, sample_shape=(1000,))
     assert not [w for w in caught if issubclass(w.category, UHAFitWarning)]
 
 
@@ -117,6 +109,6 @@ def test_broken_fit_warns_from_sample_posterior_and_log_z(fitted):
     # bring them back, so their log weights are far below the warm start's ELBO
     broken = dict(params, auto_loc=params["auto_loc"] + 30 * params["auto_scale"])
     with pytest.warns(UHAFitWarning, match="worse than the Gaussian q it started from"):
-        guide.sample_posterior(jax.random.PRNGKey(1), broken, Y, sample_shape=(1000,))
+        guide.sample_posterior(jax.random.PRNGKey(1), broken, cm.Y, sample_shape=(1000,))
     with pytest.warns(UHAFitWarning, match="worse than the Gaussian q it started from"):
-        log_z(guide, jax.random.PRNGKey(2), broken, Y, num_draws=1000)
+        log_z(guide, jax.random.PRNGKey(2), broken, cm.Y, num_draws=1000)

@@ -348,6 +348,7 @@ class UHAGuide(AutoContinuous):
         self._init_values = None
         self._setup_args = None
         self._jitted_draws = {}
+        self._jitted_setup = {}
         self._divergence = DivergenceRecord()
         self._latch_constraint = LatchConstraint(self._divergence)
         super().__init__(
@@ -372,7 +373,6 @@ class UHAGuide(AutoContinuous):
         if not _is_tracer((args, kwargs)):
             self._setup_args = (args, kwargs)
         model_params = {name: site["value"] for name, site in self._model_param_sites.items()}
-        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
         init_loc = self._init_latent
         if self.base_dist == "cholesky":
             init_scale = jnp.eye(self.latent_dim) * self._init_scale
@@ -381,27 +381,29 @@ class UHAGuide(AutoContinuous):
         loc, scale = init_loc, init_scale
         self._precondition = None
         self._start_elbo = None  # (ELBO, its standard error) of the q UHA starts from
+        arrays, spec = _split_static((args, kwargs))
+        lam = None  # the curvature behind the step ceiling (see _stability_ceiling)
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
             self._precondition = (loc, _marginal_std(scale))
-            if not _is_tracer((loc, scale)):
-                self._start_elbo = _mean_and_se(gaussian_log_weights(
-                    jax.random.PRNGKey(0), logdensity_fn, loc, scale, START_ELBO_DRAWS,
-                    batch_size=self.sample_batch_size,
-                ))
+            # one compiled program scores q and finds the curvature (see _setup_impl)
+            log_weights, lam = self._setup_program(spec, "score")(
+                jax.random.PRNGKey(0), loc, scale, arrays, model_params
+            )
+            if not _is_tracer(log_weights):
+                self._start_elbo = _mean_and_se(log_weights)
         elif self.warm_start_steps > 0:
-            fit = warm_start(
-                numpyro.prng_key(),
-                logdensity_fn,
-                init_loc,
-                self._init_scale,
-                full_rank=self.base_dist == "cholesky",
-                num_steps=self.warm_start_steps,
-                learning_rate=self.warm_start_learning_rate,
+            # The warm start, its score and the curvature run as one compiled program:
+            # run op by op, their hundreds of small programs took longer to compile than
+            # the fit itself.
+            fit, lam = self._setup_program(spec, "warm_start")(
+                numpyro.prng_key(), init_loc, jnp.asarray(self._init_scale, init_loc.dtype),
+                arrays, model_params,
             )
             if _is_tracer(fit):
                 # set up inside a JAX transform: no constants to standardize by
                 loc, scale = fit.loc, fit.scale
+                lam = None
             elif bool(jnp.all(jnp.isfinite(fit.loc)) & jnp.all(jnp.isfinite(fit.scale))):
                 loc, scale = fit.loc, fit.scale
                 self._precondition = (loc, _marginal_std(scale))
@@ -417,6 +419,7 @@ class UHAGuide(AutoContinuous):
                         stacklevel=2,
                     )
             else:
+                lam = None
                 warnings.warn(
                     "UHAGuide: the plain-VI warm start diverged (non-finite values); "
                     "starting q from init_loc_fn and init_scale instead.",
@@ -441,7 +444,7 @@ class UHAGuide(AutoContinuous):
         if self._precondition is not None:
             # Both enter the dynamics, so they are registered as (never learned) params:
             # a guide rebuilt from scratch and given a fit's params draws what the fit drew.
-            ceiling = self._stability_ceiling(logdensity_fn, loc, scale)
+            ceiling = _stability_ceiling(lam, self._precondition[1])
             if ceiling is not None:
                 self._init_values["stability_scale"] = ceiling[0]
                 self._init_values["stability_ceiling"] = jnp.asarray(ceiling[1], dtype)
@@ -449,34 +452,54 @@ class UHAGuide(AutoContinuous):
             # coordinate that far out; see AnnealingParams.force_limit
             self._init_values["force_limit"] = FORCE_LIMIT_SDS / self._precondition[1]
 
-    def _stability_ceiling(self, logdensity_fn, loc, scale):
-        """``(s, c)``: every per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most
-        c · s_i, with s = q's marginal sds.
+    def _sample_program(self, spec):
+        """``(rng_key, annealing, model_params, arrays) -> annealed_sample(...)``, jitted
+        per argument structure (``spec``); not jitted where ``spec`` holds an unhashable
+        static leaf."""
+        try:
+            hash(spec)
+        except TypeError:
+            return partial(self._sample_impl, spec=spec)
+        if ("sample", spec) not in self._jitted_setup:
+            self._jitted_setup[("sample", spec)] = jax.jit(partial(self._sample_impl, spec=spec))
+        return self._jitted_setup[("sample", spec)]
 
-        The leapfrog is stable on a quadratic target only while ε · sqrt(λ_max) < 2 for
-        the Hessian in the step's units; at a point, in units of s, λ is the largest of
-        λ_max(S H S) (the target) and λ_max(S Σ_q⁻¹ S) (q's part of the bridge, 1 for a
-        diagonal q), found by power iteration on Hessian-vector products. The ceiling is
-        ``STABILITY_FRACTION`` · 2 / sqrt(λ), with λ the largest over q's mean and
-        ``CURVATURE_DRAWS`` draws from q: learning rates that random-walk ε, δ and Σ
-        for thousands of steps cannot push the dynamics over that cliff. ``None`` (no
-        ceiling) where the setup runs inside a JAX transform or λ is not finite.
-        """
-        s = _marginal_std(scale)
-        # q's mean and CURVATURE_DRAWS draws from q: the curvature in q's tails can be
-        # several times that at its mean (hierarchical scales, heavy tails)
-        noise = jax.random.normal(jax.random.PRNGKey(0), (CURVATURE_DRAWS, loc.shape[-1]), loc.dtype)
-        points = jnp.concatenate([loc[None], loc + noise * s])
-        lams = jax.vmap(lambda z: max_curvature(logdensity_fn, z, s))(points)
-        lam = jnp.max(jnp.where(jnp.isfinite(lams), lams, 0.0))
-        if scale.ndim == 2:
-            prec = jnp.linalg.inv(scale @ scale.T)
-            lam = jnp.maximum(lam, jnp.linalg.eigvalsh(s[:, None] * prec * s[None, :])[-1])
-        else:
-            lam = jnp.maximum(lam, 1.0)
-        if _is_tracer(lam) or not bool(jnp.isfinite(lam)):
-            return None
-        return s, float(2.0 * STABILITY_FRACTION / jnp.sqrt(lam))
+    def _sample_impl(self, rng_key, annealing, model_params, arrays, *, spec):
+        args, kwargs = _merge_static(arrays, spec)
+        return annealed_sample(
+            rng_key,
+            self._make_logdensity(args, kwargs, model_params),
+            annealing,
+            num_leapfrog_steps=self.num_leapfrog_steps,
+            remat=self.remat,
+            integrator=self.integrator,
+        )
+
+    def _setup_program(self, spec, kind):
+        """The setup's numerical work as one compiled program, per argument structure:
+        ``"warm_start"`` (the plain-VI warm start, its score and the curvature at the
+        fitted q) or ``"score"`` (``init_from``'s q scored and its curvature)."""
+        key = (kind, spec)
+        if key not in self._jitted_setup:
+            self._jitted_setup[key] = jax.jit(partial(self._setup_impl, spec=spec, kind=kind))
+        return self._jitted_setup[key]
+
+    def _setup_impl(self, rng_key, loc, scale, arrays, model_params, *, spec, kind):
+        args, kwargs = _merge_static(arrays, spec)
+        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
+        if kind == "warm_start":
+            fit = warm_start(
+                rng_key, logdensity_fn, loc, scale,
+                full_rank=self.base_dist == "cholesky",
+                num_steps=self.warm_start_steps,
+                learning_rate=self.warm_start_learning_rate,
+            )
+            return fit, _curvature(logdensity_fn, fit.loc, fit.scale)
+        log_weights = gaussian_log_weights(
+            rng_key, logdensity_fn, loc, scale, START_ELBO_DRAWS,
+            batch_size=self.sample_batch_size,
+        )
+        return log_weights, _curvature(logdensity_fn, loc, scale)
 
     def _q_from_fitted(self, guide, params):
         """(loc, scale) of a fitted Gaussian AutoGuide, in this guide's latent layout."""
@@ -801,14 +824,12 @@ class UHAGuide(AutoContinuous):
                 "UHAGuide needs a random key: run it under numpyro.handlers.seed (SVI, "
                 "Predictive and sample_posterior do this for you)."
             )
-        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
-        z, log_weight, info = annealed_sample(
-            rng_key,
-            logdensity_fn,
-            annealing,
-            num_leapfrog_steps=self.num_leapfrog_steps,
-            remat=self.remat,
-            integrator=self.integrator,
+        # The chain as one compiled program (per argument structure): called concretely
+        # (svi.init, Predictive), its hundreds of operations would each be compiled on
+        # their own; under an outer jit it is inlined.
+        arrays, spec = _split_static((args, kwargs))
+        z, log_weight, info = self._sample_program(spec)(
+            rng_key, annealing, model_params, arrays
         )
         factor = info.log_q_initial - jnp.sum(info.momentum_log_ratio)
         if self.check_finite:
@@ -871,6 +892,7 @@ class UHAGuide(AutoContinuous):
         state = super().__getstate__()
         # compiled functions do not pickle; they are rebuilt on first use
         state["_jitted_draws"] = {}
+        state["_jitted_setup"] = {}
         return state
 
     # ------------------------------------------------------------- sampling
@@ -1270,6 +1292,39 @@ class UHAGuide(AutoContinuous):
 def _marginal_std(scale):
     """q's marginal standard deviations from a scale vector or a Cholesky factor."""
     return jnp.sqrt(jnp.sum(scale**2, axis=-1)) if jnp.ndim(scale) == 2 else scale
+
+
+def _curvature(logdensity_fn, loc, scale):
+    """λ behind the step ceiling (see :func:`_stability_ceiling`): the largest of
+    λ_max(S H S) over q's mean and ``CURVATURE_DRAWS`` draws from q (the curvature in q's
+    tails can be several times that at its mean: hierarchical scales, heavy tails) and
+    λ_max(S Σ_q⁻¹ S) (q's part of the bridge, 1 for a diagonal q), S = diag(s), s = q's
+    marginal sds; traceable."""
+    s = _marginal_std(scale)
+    noise = jax.random.normal(jax.random.PRNGKey(0), (CURVATURE_DRAWS, loc.shape[-1]), loc.dtype)
+    points = jnp.concatenate([loc[None], loc + noise * s])
+    lams = jax.vmap(lambda z: max_curvature(logdensity_fn, z, s))(points)
+    lam = jnp.max(jnp.where(jnp.isfinite(lams), lams, 0.0))
+    if scale.ndim == 2:
+        prec = jnp.linalg.inv(scale @ scale.T)
+        return jnp.maximum(lam, jnp.linalg.eigvalsh(s[:, None] * prec * s[None, :])[-1])
+    return jnp.maximum(lam, 1.0)
+
+
+def _stability_ceiling(lam, s):
+    """``(s, c)``: every per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most
+    c · s_i, with s = q's marginal sds.
+
+    The leapfrog is stable on a quadratic target only while ε · sqrt(λ_max) < 2 for the
+    Hessian in the step's units; at a point, in units of s, λ is found by power iteration
+    on Hessian-vector products (:func:`_curvature`). The ceiling is
+    ``STABILITY_FRACTION`` · 2 / sqrt(λ): learning rates that random-walk ε, δ and Σ for
+    thousands of steps cannot push the dynamics over that cliff. ``None`` (no ceiling)
+    where the setup runs inside a JAX transform or λ is not finite.
+    """
+    if lam is None or _is_tracer(lam) or not bool(jnp.isfinite(lam)):
+        return None
+    return s, float(2.0 * STABILITY_FRACTION / jnp.sqrt(lam))
 
 
 _split_keys = jax.jit(jax.random.split, static_argnums=1)

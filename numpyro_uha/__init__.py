@@ -13,6 +13,7 @@ from numpyro_uha.guide import (
     UHANonfiniteDrawsWarning,
     WeightedDraws,
 )
+from numpyro_uha.core.sharding import shard_particles
 from numpyro_uha.io import load_fit, save_fit
 
 __version__ = "0.1.0"
@@ -27,5 +28,6 @@ __all__ = [
     "WeightedDraws",
     "load_fit",
     "save_fit",
+    "shard_particles",
     "__version__",
 ]

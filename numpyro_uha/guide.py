@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 import numpy as np
 import numpyro
 from numpyro import handlers
@@ -53,6 +54,14 @@ from numpyro_uha.core import (
     step_sizes_from_beta,
 )
 from numpyro_uha.core.batching import batched_map
+from numpyro_uha.core.sharding import (
+    gather,
+    leading_axis_sharding,
+    num_shards,
+    put_global,
+    replicated,
+    shard_leading,
+)
 from numpyro_uha.core.vi import gaussian_log_weights
 from numpyro_uha.core.warm_start import max_curvature, warm_start
 
@@ -93,6 +102,12 @@ START_ELBO_MIN_DRAWS = 100
 
 #: The narrowest chunk of draws sample_posterior compiles (see UHAGuide._draws).
 DRAW_CHUNK_MIN = 64
+
+#: Default ``sample_batch_size`` per CPU device (and the least per GPU/TPU device).
+CPU_BATCH_PER_DEVICE = 1024
+
+#: Most draws per GPU/TPU device computed together by default.
+DEVICE_BATCH_MAX = 65536
 
 #: Registered but never learned: the stability ceiling and the force bound, set by the
 #: warm start (see ``_stability_ceiling``), in params so that the fit carries them.
@@ -250,7 +265,20 @@ class UHAGuide(AutoContinuous):
         remat: rematerialize each transition in the backward pass: memory for large K no
             longer scales with the model's intermediates, at about one extra forward pass.
         sample_batch_size: draws computed together (vectorized) in
-            :meth:`sample_posterior`; bounds its memory.
+            :meth:`sample_posterior` and the estimators; bounds their memory. ``None``
+            (default) sizes it to the device: 1024 per CPU device; on a GPU or TPU as
+            many as a quarter of the device's free memory holds (measured from the
+            compiled gradient of the model's log density), between 1024 and 65536 per
+            device, times the number of devices draws are sharded over.
+        sharding: shard draws over devices: a :class:`jax.sharding.Mesh` (the draws'
+            leading axis is split over all its axes) or a
+            :class:`~jax.sharding.NamedSharding` of the leading axis. Keys are split
+            before sharding, so draw ``i`` is the same on any number of devices;
+            parameters and data are replicated. Used by :meth:`sample_posterior`,
+            ``Predictive`` and every estimator of :mod:`numpyro_uha.evaluation`, across
+            processes too (after ``jax.distributed.initialize``: each process passes the
+            same key and gets all the draws). For SVI's particles use
+            :func:`~numpyro_uha.shard_particles`.
         check_finite: watch for NaN or infinite log weights during training, on every
             backend: a particle whose trajectory diverged is skipped (no gradient flows
             back from it, and a step whose gradient is not finite leaves the parameters
@@ -284,14 +312,16 @@ class UHAGuide(AutoContinuous):
         warm_start_learning_rate: float = 0.01,
         init_from=None,
         remat: bool = False,
-        sample_batch_size: int = 1024,
+        sample_batch_size: int | None = None,
+        sharding=None,
         check_finite: bool = True,
         forward_mode_differentiation: bool = False,
     ):
         _check_int("K", K, 1)
         _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
         _check_int("warm_start_steps", warm_start_steps, 0)
-        _check_int("sample_batch_size", sample_batch_size, 1)
+        if sample_batch_size is not None:
+            _check_int("sample_batch_size", sample_batch_size, 1)
         check_integrator(integrator)
         if base_dist not in ("diagonal", "cholesky"):
             raise ValueError(
@@ -342,7 +372,9 @@ class UHAGuide(AutoContinuous):
             )
         self.init_from = init_from
         self.remat = remat
-        self.sample_batch_size = sample_batch_size
+        self._sample_batch_size = sample_batch_size
+        self._auto_batch_size = None
+        self.sharding = leading_axis_sharding(sharding)
         self.check_finite = check_finite
         self._init_scale = init_scale
         self._init_values = None
@@ -382,6 +414,8 @@ class UHAGuide(AutoContinuous):
         self._precondition = None
         self._start_elbo = None  # (ELBO, its standard error) of the q UHA starts from
         arrays, spec = _split_static((args, kwargs))
+        if self._sample_batch_size is None and not _is_tracer(arrays):
+            self._auto_batch_size = self._device_batch_size(arrays, spec, model_params)
         lam = None  # the curvature behind the step ceiling (see _stability_ceiling)
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
@@ -451,6 +485,55 @@ class UHAGuide(AutoContinuous):
             # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
             # coordinate that far out; see AnnealingParams.force_limit
             self._init_values["force_limit"] = FORCE_LIMIT_SDS / self._precondition[1]
+
+    @property
+    def sample_batch_size(self) -> int:
+        """Draws computed together (see the constructor); the device-sized default once
+        the guide is set up, where none was given."""
+        if self._sample_batch_size is not None:
+            return self._sample_batch_size
+        if self._auto_batch_size is not None:
+            return self._auto_batch_size
+        return CPU_BATCH_PER_DEVICE * num_shards(self.sharding)
+
+    @sample_batch_size.setter
+    def sample_batch_size(self, value):
+        if value is not None:
+            _check_int("sample_batch_size", value, 1)
+        self._sample_batch_size = value
+
+    def _device_batch_size(self, arrays, spec, model_params) -> int:
+        """The default ``sample_batch_size``: 1024 per CPU device; on a GPU or TPU the
+        draws a quarter of the device's free memory holds, from the memory XLA plans for
+        a vectorized gradient of the log density (what each leapfrog step computes),
+        between 1024 and 65536 per device (a power of two), times the devices the draws
+        are sharded over."""
+        shards = num_shards(self.sharding)
+        device = (
+            self.sharding.mesh.devices.flat[0] if self.sharding is not None else jax.devices()[0]
+        )
+        if device.platform == "cpu":
+            return CPU_BATCH_PER_DEVICE * shards
+        probe = 64
+        try:
+            stats = device.memory_stats() or {}
+            free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+
+            def grads(zs, arrays):
+                args, kwargs = _merge_static(arrays, spec)
+                logdensity_fn = self._make_logdensity(args, kwargs, model_params)
+                return jax.vmap(jax.grad(logdensity_fn))(zs)
+
+            zs = jax.ShapeDtypeStruct((probe, self.latent_dim), self._init_latent.dtype)
+            memory = jax.jit(grads).lower(zs, arrays).compile().memory_analysis()
+            per_draw = (memory.temp_size_in_bytes + memory.output_size_in_bytes) / probe
+            # the chain's own state per draw: position, momentum, gradient, weights
+            per_draw += 8 * self.latent_dim * self._init_latent.dtype.itemsize
+            fits = int(0.25 * free / max(per_draw, 1.0))
+        except Exception:  # no memory statistics or analysis on this backend
+            fits = DEVICE_BATCH_MAX
+        per_device = max(CPU_BATCH_PER_DEVICE, min(DEVICE_BATCH_MAX, fits))
+        return (1 << (per_device.bit_length() - 1)) * shards
 
     def _sample_program(self, spec):
         """``(rng_key, annealing, model_params, arrays) -> annealed_sample(...)``, jitted
@@ -893,6 +976,7 @@ class UHAGuide(AutoContinuous):
         # compiled functions do not pickle; they are rebuilt on first use
         state["_jitted_draws"] = {}
         state["_jitted_setup"] = {}
+        state["_auto_batch_size"] = None  # sized again for the device it is loaded on
         return state
 
     # ------------------------------------------------------------- sampling
@@ -904,8 +988,10 @@ class UHAGuide(AutoContinuous):
             )
 
     def _draw_impl(
-        self, keys, params, arrays, batch_size, spec, corrected, with_info, with_samples=True
+        self, keys, params, arrays, batch_size, spec, corrected, with_info, with_samples=True,
+        sharding=None,
     ):
+        keys = shard_leading(keys, sharding)
         args, kwargs = _merge_static(arrays, spec)
         annealing = self.get_annealing_params(params)
         model_params = self._model_params_in(params)
@@ -929,7 +1015,7 @@ class UHAGuide(AutoContinuous):
 
         # Equal batches in one scan: lax.map's remainder batch would run beside the scan,
         # which can deadlock XLA:CPU's batched LAPACK kernels (see batched_map).
-        return batched_map(one, keys, batch_size)
+        return shard_leading(batched_map(one, keys, batch_size), sharding)
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True,
@@ -947,38 +1033,56 @@ class UHAGuide(AutoContinuous):
         if spec not in self._jitted_draws:
             self._jitted_draws[spec] = jax.jit(
                 self._draw_impl,
-                static_argnames=("batch_size", "spec", "corrected", "with_info", "with_samples"),
+                static_argnames=(
+                    "batch_size", "spec", "corrected", "with_info", "with_samples", "sharding",
+                ),
             )
+        sharding = self.sharding
+        shards = num_shards(sharding)
+        host_keys = _host_keys(rng_key, num_draws, params, arrays)
+        if sharding is not None and host_keys is not None:
+            # parameters and data replicated on the mesh (data already on it stay as
+            # they are); keys placed below, chunk by chunk
+            params, arrays = jax.tree.map(partial(_on_mesh, sharding), (params, arrays))
         draw = partial(
             self._jitted_draws[spec], params=params, arrays=arrays, spec=spec,
             corrected=corrected, with_info=with_info, with_samples=with_samples,
+            sharding=sharding,
         )
-        host_keys = _host_keys(rng_key, num_draws, params, arrays)
         if host_keys is not None:
             # Concrete: the draws run in chunks of a fixed width, one compiled program
-            # per width, so a new sample_shape reuses it (widths are powers of two from
-            # DRAW_CHUNK_MIN up to sample_batch_size; the last chunk is padded with
+            # per width, so a new sample_shape reuses it (widths 2^k or 3 · 2^(k-1) from
+            # DRAW_CHUNK_MIN up to sample_batch_size, whole shards where sharded; the last chunk is padded with
             # copies of the first draws' keys, computed and dropped; ``batch_size``, where
             # given, caps the width instead of sample_batch_size). Keys are cut and
             # results joined on the host: no program is compiled per sample_shape
             # beyond the key split.
             width = min(batch_size or self.sample_batch_size, _chunk_bucket(num_draws))
+            width = -(-width // shards) * shards  # whole shards
             num_chunks = -(-num_draws // width)
             host_keys = host_keys[np.arange(num_chunks * width) % num_draws]
+
+            def place(keys):
+                return keys if sharding is None else put_global(keys, sharding)
+
             chunks = [
-                draw(host_keys[i * width:(i + 1) * width], batch_size=width)
+                draw(place(host_keys[i * width:(i + 1) * width]), batch_size=width)
                 for i in range(num_chunks)
             ]
-            if num_chunks == 1 and width == num_draws:
+            if num_chunks == 1 and width == num_draws and all(
+                x.is_fully_addressable for x in jax.tree.leaves(chunks[0])
+            ):
                 out = chunks[0]
             else:
                 out = jax.tree.map(
-                    lambda *xs: jnp.asarray(np.concatenate([np.asarray(x) for x in xs])[:num_draws]),
+                    lambda *xs: jnp.asarray(np.concatenate([gather(x) for x in xs])[:num_draws]),
                     *chunks,
                 )
         else:
             # Traced (under an outer jit or vmap): one program, batched in one scan.
             keys = jax.random.split(rng_key, num_draws)
+            if num_draws % shards:
+                draw = partial(draw, sharding=None)  # an uneven split: not sharded
             out = draw(keys, batch_size=batch_size or self.sample_batch_size)
         samples, log_weights, latent, info = out
         draws = WeightedDraws(samples, log_weights, latent, info)
@@ -1095,10 +1199,10 @@ class UHAGuide(AutoContinuous):
         """Draw from the UHA approximation (the law of z_{K+1}).
 
         Draws are computed vectorized, in chunks of at most ``sample_batch_size``, so
-        large ``sample_shape`` fit in memory. The chunk width is a power of two (64 up
-        to ``sample_batch_size``), and the chain is compiled once per width: a new
-        ``sample_shape`` of at least ``sample_batch_size`` draws, or in an already
-        used power-of-two range, reuses it. Draw ``i`` is the same for every
+        large ``sample_shape`` fit in memory. The chunk width is 2^k or 3 · 2^(k-1) (64,
+        96, 128, 192, ... up to ``sample_batch_size``), and the chain is compiled once per
+        width: a new ``sample_shape`` of at least ``sample_batch_size`` draws, or one
+        that rounds up to an already used width, reuses it. Draw ``i`` is the same for every
         ``sample_shape`` with more than ``i`` draws (same key). Returns a dict of constrained latent and
         deterministic site values with leading shape ``sample_shape``.
 
@@ -1331,9 +1435,25 @@ _split_keys = jax.jit(jax.random.split, static_argnums=1)
 
 
 def _chunk_bucket(num_draws: int) -> int:
-    """The power of two at or above ``num_draws``, at least ``DRAW_CHUNK_MIN``: the sizes
-    the draws' key split and chunk widths are compiled for."""
-    return max(DRAW_CHUNK_MIN, 1 << (num_draws - 1).bit_length())
+    """The smallest width at or above ``num_draws`` of the form 2^k or 3 · 2^(k-1) (64,
+    96, 128, 192, 256, ...: at most a third computed in vain), at least
+    ``DRAW_CHUNK_MIN``: the sizes the draws' key split and chunk widths are compiled for."""
+    if num_draws <= DRAW_CHUNK_MIN:
+        return DRAW_CHUNK_MIN
+    power = 1 << (num_draws - 1).bit_length()
+    three_quarters = 3 * power // 4
+    return three_quarters if three_quarters >= num_draws else power
+
+
+def _on_mesh(sharding, x):
+    """``x`` replicated on ``sharding``'s mesh, unless it is already placed on it."""
+    if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and (
+        x.sharding.mesh == sharding.mesh
+    ):
+        return x
+    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        return x
+    return put_global(x, replicated(sharding))
 
 
 def _host_keys(rng_key, num_draws, params, arrays):
@@ -1341,8 +1461,8 @@ def _host_keys(rng_key, num_draws, params, arrays):
     draws cannot run in chunks (traced values, typed keys, no draws).
 
     Under JAX's partitionable threefry (the default) key i of a split does not depend on
-    the split's size, so the keys come from a split to the next power of two: compiled
-    once per power of two, not once per ``num_draws``.
+    the split's size, so the keys come from a split to the next chunk width
+    (:func:`_chunk_bucket`): compiled once per width, not once per ``num_draws``.
     """
     if not num_draws or _is_tracer((rng_key, params, arrays)):
         return None

@@ -32,6 +32,7 @@ from numpyro_uha.core.parametrization import (
     logits_from_betas,
     step_sizes_from_beta,
 )
+from numpyro_uha.core.sharding import leading_axis_sharding, shard_particles
 from numpyro_uha.core.vi import GaussianFit, fit_gaussian, gaussian_elbo, gaussian_log_weights
 
 __all__ = [
@@ -54,10 +55,12 @@ __all__ = [
     "hais_sample",
     "interpolate_betas",
     "kinetic_log_density",
+    "leading_axis_sharding",
     "leapfrog",
     "logits_from_betas",
     "make_params",
     "reverse_annealed_sample",
+    "shard_particles",
     "step_sizes_from_beta",
     "uha_sample",
 ]

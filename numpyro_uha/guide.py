@@ -955,10 +955,11 @@ class UHAGuide(AutoContinuous):
             return
         if self._latch_name in params:
             check_latch(params[self._latch_name], self._divergence, "in the params given")
+        # NumPy, not jnp: under an outer jit even a concrete value's jnp result is traced.
+        # One device_get: the copies to the host overlap (one wait, not one per param).
+        host = jax.device_get(params)
         bad = sorted(
-            name for name, value in params.items()
-            # NumPy, not jnp: under an outer jit even a concrete value's jnp result is traced
-            if not np.all(np.isfinite(np.asarray(value)))
+            name for name, value in host.items() if not np.all(np.isfinite(np.asarray(value)))
         )
         if bad:
             raise FloatingPointError(
@@ -1039,8 +1040,8 @@ class UHAGuide(AutoContinuous):
             )
         sharding = self.sharding
         shards = num_shards(sharding)
-        host_keys = _host_keys(rng_key, num_draws, params, arrays)
-        if sharding is not None and host_keys is not None:
+        concrete = _chunkable(rng_key, num_draws, params, arrays)
+        if sharding is not None and concrete:
             # parameters and data replicated on the mesh (data already on it stay as
             # they are); keys placed below, chunk by chunk
             params, arrays = jax.tree.map(partial(_on_mesh, sharding), (params, arrays))
@@ -1049,35 +1050,34 @@ class UHAGuide(AutoContinuous):
             corrected=corrected, with_info=with_info, with_samples=with_samples,
             sharding=sharding,
         )
-        if host_keys is not None:
+        if concrete:
             # Concrete: the draws run in chunks of a fixed width, one compiled program
             # per width, so a new sample_shape reuses it (widths 2^k or 3 · 2^(k-1) from
-            # DRAW_CHUNK_MIN up to sample_batch_size, whole shards where sharded; the last chunk is padded with
-            # copies of the first draws' keys, computed and dropped; ``batch_size``, where
-            # given, caps the width instead of sample_batch_size). Keys are cut and
-            # results joined on the host: no program is compiled per sample_shape
-            # beyond the key split.
+            # DRAW_CHUNK_MIN up to sample_batch_size, whole shards where sharded; the
+            # last chunk is padded with extra keys, computed and dropped; ``batch_size``,
+            # where given, caps the width instead of sample_batch_size). Keys, chunks and
+            # results stay on the device: what is compiled per sample_shape beyond the
+            # chain is a key split, a slice and a join.
             width = min(batch_size or self.sample_batch_size, _chunk_bucket(num_draws))
             width = -(-width // shards) * shards  # whole shards
             num_chunks = -(-num_draws // width)
-            host_keys = host_keys[np.arange(num_chunks * width) % num_draws]
+            keys = _draw_keys(rng_key, num_draws, num_chunks * width)
 
-            def place(keys):
-                return keys if sharding is None else put_global(keys, sharding)
+            def place(i):
+                chunk = keys if num_chunks == 1 else _key_chunk(keys, i * width, width)
+                return chunk if sharding is None else put_global(np.asarray(chunk), sharding)
 
-            chunks = [
-                draw(place(host_keys[i * width:(i + 1) * width]), batch_size=width)
-                for i in range(num_chunks)
-            ]
-            if num_chunks == 1 and width == num_draws and all(
-                x.is_fully_addressable for x in jax.tree.leaves(chunks[0])
-            ):
-                out = chunks[0]
-            else:
+            chunks = [draw(place(i), batch_size=width) for i in range(num_chunks)]
+            if not all(x.is_fully_addressable for x in jax.tree.leaves(chunks)):
+                # across processes: every process gets all the draws
                 out = jax.tree.map(
                     lambda *xs: jnp.asarray(np.concatenate([gather(x) for x in xs])[:num_draws]),
                     *chunks,
                 )
+            elif num_chunks == 1 and width == num_draws:
+                out = chunks[0]
+            else:
+                out = _join(chunks, num_draws)
         else:
             # Traced (under an outer jit or vmap): one program, batched in one scan.
             keys = jax.random.split(rng_key, num_draws)
@@ -1089,9 +1089,7 @@ class UHAGuide(AutoContinuous):
         # Traced values (an outer jit or vmap): nothing can be counted or dropped, the
         # draws are returned as they are ("keep").
         if nonfinite != "keep" and not _is_tracer((log_weights, latent)):
-            finite = np.isfinite(np.asarray(log_weights)) & np.all(
-                np.isfinite(np.asarray(latent)), axis=-1
-            )
+            finite = np.asarray(_finite_draws(log_weights, latent))
             bad = num_draws - int(np.sum(finite))
             self.warn_if_worse_than_start(log_weights, stacklevel=4)
             if bad:
@@ -1454,6 +1452,46 @@ def _on_mesh(sharding, x):
     if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
         return x
     return put_global(x, replicated(sharding))
+
+
+def _chunkable(rng_key, num_draws, params, arrays) -> bool:
+    """Whether the draws can run in chunks: concrete values, a raw (uint32) key, at
+    least one draw."""
+    if not num_draws or _is_tracer((rng_key, params, arrays)):
+        return False
+    return not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key)
+
+
+def _draw_keys(rng_key, num_draws, total):
+    """``total`` keys on the device: ``jax.random.split(rng_key, num_draws)``'s, then
+    ``total - num_draws`` for padding draws (computed and dropped).
+
+    Under JAX's partitionable threefry (the default) key i of a split does not depend on
+    the split's size, so this is one split to ``total``; otherwise the padding repeats
+    the first keys.
+    """
+    rng_key = jnp.asarray(rng_key)
+    if jax.config.jax_threefry_partitionable:
+        return _split_keys(rng_key, total)
+    keys = np.asarray(jax.random.split(rng_key, num_draws))
+    return jnp.asarray(keys[np.arange(total) % num_draws])
+
+
+@partial(jax.jit, static_argnums=2)
+def _key_chunk(keys, start, width):
+    return jax.lax.dynamic_slice_in_dim(keys, start, width)
+
+
+@partial(jax.jit, static_argnums=1)
+def _join(chunks, num_draws):
+    """The chunks' draws end to end, the padding dropped (one program per chunk count
+    and ``num_draws``)."""
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:num_draws], *chunks)
+
+
+@jax.jit
+def _finite_draws(log_weights, latent):
+    return jnp.isfinite(log_weights) & jnp.all(jnp.isfinite(latent), axis=-1)
 
 
 def _host_keys(rng_key, num_draws, params, arrays):

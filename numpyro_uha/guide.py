@@ -414,6 +414,8 @@ class UHAGuide(AutoContinuous):
         self._precondition = None
         self._start_elbo = None  # (ELBO, its standard error) of the q UHA starts from
         arrays, spec = _split_static((args, kwargs))
+        # the data q's ELBO is measured on (see warn_if_worse_than_start)
+        self._start_data = None if _is_tracer(arrays) else _data_fingerprint(arrays, spec)
         if self._sample_batch_size is None and not _is_tracer(arrays):
             self._auto_batch_size = self._device_batch_size(arrays, spec, model_params)
         lam = None  # the curvature behind the step ceiling (see _stability_ceiling)
@@ -1091,7 +1093,7 @@ class UHAGuide(AutoContinuous):
         if nonfinite != "keep" and not _is_tracer((log_weights, latent)):
             finite = np.asarray(_finite_draws(log_weights, latent))
             bad = num_draws - int(np.sum(finite))
-            self.warn_if_worse_than_start(log_weights, stacklevel=4)
+            self.warn_if_worse_than_start(log_weights, model_args=(args, kwargs), stacklevel=4)
             if bad:
                 draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
                 if draws.num_dropped:
@@ -1100,7 +1102,7 @@ class UHAGuide(AutoContinuous):
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))
 
-    def warn_if_worse_than_start(self, log_weights, *, stacklevel=2) -> bool:
+    def warn_if_worse_than_start(self, log_weights, *, model_args=None, stacklevel=2) -> bool:
         """Warn (:class:`~numpyro_uha.UHAFitWarning`) when UHA's bound is worse than q's.
 
         UHA starts from a Gaussian q (the warm start, or ``init_from``) and training
@@ -1116,8 +1118,17 @@ class UHAGuide(AutoContinuous):
         ``sample_posterior``, ``sample_posterior_with_log_weights`` and the evaluation
         layer on concrete draws (at least ``START_ELBO_MIN_DRAWS`` = 100 finite ones).
         Returns whether it warned.
+
+        ``model_args`` are the model arguments the draws used, as ``(args, kwargs)``: q's
+        ELBO was measured on the data the guide was set up with, so draws on other data
+        (another ``X``, ``y``) are not compared with it (no warning). Without them the
+        draws are taken to be on the setup data.
         """
         if self._start_elbo is None or _is_tracer(log_weights):
+            return False
+        if model_args is not None and not _same_data(
+            _data_fingerprint(*_split_static(tuple(model_args))), self._start_data
+        ):
             return False
         log_w = np.asarray(log_weights, np.float64).ravel()
         log_w = log_w[np.isfinite(log_w)]
@@ -1452,6 +1463,29 @@ def _on_mesh(sharding, x):
     if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
         return x
     return put_global(x, replicated(sharding))
+
+
+def _data_fingerprint(arrays, spec):
+    """Shapes, dtypes, static leaves and (sum, sum of squares) of the array leaves of a
+    model's arguments: tells the data the guide was set up with from other data."""
+    layout = (spec, tuple((tuple(np.shape(a)), str(a.dtype)) for a in arrays))
+    return layout, (np.asarray(_sums(list(arrays)), np.float64) if arrays else np.zeros((0, 2)))
+
+
+def _same_data(a, b) -> bool:
+    """Whether two :func:`_data_fingerprint` values describe the same data (the sums to
+    float32 rounding: a sum's order differs between devices)."""
+    if a is None or b is None:
+        return a is b
+    return a[0] == b[0] and bool(np.allclose(a[1], b[1], rtol=1e-5, atol=1e-6))
+
+
+@jax.jit
+def _sums(arrays):
+    return jnp.stack([
+        jnp.stack([jnp.sum(x), jnp.sum(jnp.square(x))])
+        for x in (jnp.asarray(a).astype(jnp.float32) for a in arrays)
+    ])
 
 
 def _chunkable(rng_key, num_draws, params, arrays) -> bool:

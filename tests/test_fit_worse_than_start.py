@@ -112,3 +112,22 @@ def test_broken_fit_warns_from_sample_posterior_and_log_z(fitted):
         guide.sample_posterior(jax.random.PRNGKey(1), broken, cm.Y, sample_shape=(1000,))
     with pytest.warns(UHAFitWarning, match="worse than the Gaussian q it started from"):
         log_z(guide, jax.random.PRNGKey(2), broken, cm.Y, num_draws=1000)
+
+
+def test_draws_on_other_data_are_not_compared_with_q(fitted):
+    """q's ELBO was measured on the data the guide was set up with: draws on other data
+    (here the observations shifted by 10 prior sds, whose log weights are far lower for
+    any q) are not judged against it, while the same call on the setup data is."""
+    guide, params = fitted
+    other = cm.Y + 10 * cm.PRIOR_SD
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(1), params, other, sample_shape=(500,)
+        )
+    assert not [w for w in caught if issubclass(w.category, UHAFitWarning)]
+    low = np.asarray(draws.log_weights)
+    assert guide._start_elbo[0] - np.median(low) > 100  # the weights alone would warn
+    assert not guide.warn_if_worse_than_start(low, model_args=((other,), {}))
+    with pytest.warns(UHAFitWarning):
+        assert guide.warn_if_worse_than_start(low, model_args=((cm.Y,), {}))

@@ -82,6 +82,21 @@ class LogZBracket(NamedTuple):
         )
 
 
+def _log_ratio(log_p, z, gaussian):
+    """``log_p - log q̂(z)`` for the rows ``z`` of a chunk, q̂ = ``gaussian``."""
+    mean, chol, log_norm = gaussian
+    r = jax.scipy.linalg.solve_triangular(chol, (z - mean).T, lower=True)
+    return log_p - (-0.5 * jnp.sum(r**2, 0) + log_norm)
+
+
+@partial(jax.jit, static_argnums=2)
+def _draw(key, gaussian, num):
+    """``num`` draws from the Gaussian ``(mean, chol, log_norm)``: compiled once per
+    ``num`` (a chunk width), dimension and dtype, for every bracket."""
+    mean, chol, _ = gaussian
+    return mean + jax.random.normal(key, (num, mean.shape[-1]), mean.dtype) @ chol.T
+
+
 def log_z_bracket_from_draws(
     rng_key,
     logdensity_fn: Callable,
@@ -93,6 +108,9 @@ def log_z_bracket_from_draws(
 ) -> LogZBracket:
     """[lower, upper] ends of log Z from posterior draws of a log density (module docstring).
 
+    Compiles the log density anew on every call (``logdensity_fn`` is an arbitrary
+    callable); :func:`log_z_bracket` compiles once per guide and argument shapes.
+
     Args:
         rng_key: JAX random key for the draws from q̂.
         logdensity_fn: ``z -> log p̄(z)`` over a flat vector ``z``.
@@ -102,14 +120,32 @@ def log_z_bracket_from_draws(
             them).
         num_chains: number of chains the rows come from (for the effective sample size).
         num_q_draws: draws from q̂ for the lower end.
-        batch_size: draws from q̂ evaluated together.
+        batch_size: draws evaluated together (at most: the draws run in chunks of a
+            fixed width, 2^k or 3 · 2^(k-1) where fewer are needed, so that another
+            number of draws at the same width needs no new compilation).
 
     Raises:
         ValueError: on a bad shape, too few draws, non-finite positions, or counts that
             are not positive integers.
         FloatingPointError: if the log density is NaN or infinite at a draw.
     """
+
+    @jax.jit
+    def log_ratio(z, gaussian):
+        return _log_ratio(jax.vmap(logdensity_fn)(z), z, gaussian)
+
+    return _bracket(
+        rng_key, log_ratio, posterior_positions,
+        num_chains=num_chains, num_q_draws=num_q_draws, batch_size=batch_size,
+    )
+
+
+def _bracket(rng_key, log_ratio, posterior_positions, *, num_chains, num_q_draws, batch_size):
+    """:func:`log_z_bracket_from_draws` with ``log_ratio(z, gaussian)``, log p̄ − log q̂
+    at the rows of a chunk ``z``, given."""
     from numpyro.diagnostics import effective_sample_size
+
+    from numpyro_uha.evaluation.estimators import _chain_keys, _chunk_width, _in_chunks
 
     positions = np.asarray(posterior_positions, np.float64)
     if positions.ndim != 2:
@@ -141,30 +177,22 @@ def log_z_bracket_from_draws(
         log_norm = -np.sum(np.log(np.diag(chol_np))) - 0.5 * dim * math.log(2 * math.pi)
         return jnp.asarray(x.mean(0), dtype), jnp.asarray(chol_np, dtype), jnp.asarray(log_norm, dtype)
 
-    @jax.jit
-    def log_ratio(z, gaussian):
-        mean, chol, log_norm = gaussian
-        r = jax.scipy.linalg.solve_triangular(chol, (z - mean).T, lower=True)
-        return jax.vmap(logdensity_fn)(z) - (-0.5 * jnp.sum(r**2, 0) + log_norm)
+    def at(x, gaussian):
+        """log p̄ − log q̂ at the rows of x, in chunks of a fixed width (a program per
+        width, not per number of rows)."""
+        out = _in_chunks(
+            lambda z: log_ratio(z, gaussian), len(x), _chunk_width(len(x), batch_size),
+            np.asarray(x, dtype),
+        ).astype(np.float64)
+        check(out)
+        return out
 
-    @partial(jax.jit, static_argnums=1)
-    def draw(key, num, gaussian):
-        mean, chol, _ = gaussian
-        return mean + jax.random.normal(key, (num, dim), dtype) @ chol.T
-
-    def evaluate(z_batches, gaussian):
-        out = np.concatenate([np.asarray(log_ratio(z, gaussian), np.float64) for z in z_batches])
+    def check(out):
         if not np.all(np.isfinite(out)):
             raise FloatingPointError(
                 "log_z_bracket: the log density is NaN or infinite at "
                 f"{int(np.sum(~np.isfinite(out)))} draw(s)."
             )
-        return out
-
-    def at(x, gaussian):
-        return evaluate(
-            (jnp.asarray(x[i : i + batch_size], dtype) for i in range(0, len(x), batch_size)), gaussian
-        )
 
     # Upper end: the EUBO, cross-fitted. A Gaussian fitted to the same draws it is scored
     # on sits closer to them than to fresh posterior draws and biases the EUBO low (by
@@ -185,10 +213,17 @@ def log_z_bracket_from_draws(
     upper_se = float(at_posterior.std(ddof=1) / math.sqrt(upper_ess))
 
     # Lower end: importance weights of draws from q̂.
-    keys = jax.random.split(rng_key, -(-num_q_draws // batch_size))
-    sizes = [min(batch_size, num_q_draws - i * batch_size) for i in range(len(keys))]
+    # Drawn in chunks of a fixed width, chunk c from key c of a split of rng_key: draw i
+    # does not depend on num_q_draws (at the same width).
     gaussian = fit(positions)
-    log_w = evaluate((draw(k, size, gaussian) for k, size in zip(keys, sizes)), gaussian)
+    width = _chunk_width(num_q_draws, batch_size)
+    num_chunks = -(-num_q_draws // width)
+    keys = _chain_keys(rng_key, num_chunks, (), ())
+    log_w = np.concatenate([
+        np.asarray(log_ratio(_draw(keys[c], gaussian, width), gaussian), np.float64)
+        for c in range(num_chunks)
+    ])[:num_q_draws]
+    check(log_w)
     shift = log_w.max()
     w = np.exp(log_w - shift)
     lower = float(shift + math.log(w.mean()))
@@ -226,7 +261,11 @@ def log_z_bracket(
 
     ``posterior_samples`` maps every latent site to constrained values with one leading
     draw dimension (``mcmc.get_samples()``; ``num_chains`` chains concatenated in order).
-    See :func:`log_z_bracket_from_draws`.
+    See :func:`log_z_bracket_from_draws`: the same bracket, key by key, on
+    ``guide.get_logdensity_fn(params, *args)``, but the log density is compiled once per
+    guide and argument shapes (built inside the ``jit`` from the model's arguments), so a
+    second call, or one with other numbers of draws at already used chunk widths, does
+    not recompile.
 
     Example::
 
@@ -235,10 +274,26 @@ def log_z_bracket(
         print(log_z_bracket(guide, random.PRNGKey(3), params, mcmc.get_samples(),
                             *model_args, num_chains=4))
     """
-    from numpyro_uha.evaluation.estimators import _guide_positions
+    from numpyro_uha.evaluation.estimators import _guide_positions, _guide_program
 
-    logdensity_fn, _, positions = _guide_positions(guide, params, posterior_samples, args, kwargs)
-    return log_z_bracket_from_draws(
-        rng_key, logdensity_fn, positions,
+    positions, arrays, spec = _guide_positions(guide, params, posterior_samples, args, kwargs)
+    program = _guide_program(guide, "bracket", spec, _build_log_ratio)
+    model_params = guide._model_params_in(params)
+    return _bracket(
+        rng_key, lambda z, gaussian: program(z, gaussian, model_params, arrays), positions,
         num_chains=num_chains, num_q_draws=num_q_draws, batch_size=batch_size,
     )
+
+
+def _build_log_ratio(guide_ref, spec):
+    """jit of ``(z, gaussian, model_params, arrays) -> log p̄(z) − log q̂(z)`` for a guide's
+    model with arguments of structure ``spec`` (see
+    :func:`~numpyro_uha.evaluation.estimators._guide_program`)."""
+    from numpyro_uha.guide import _merge_static
+
+    def run(z, gaussian, model_params, arrays):
+        args, kwargs = _merge_static(arrays, spec)
+        logdensity_fn = guide_ref()._make_logdensity(args, kwargs, model_params)
+        return _log_ratio(jax.vmap(logdensity_fn)(z), z, gaussian)
+
+    return jax.jit(run)

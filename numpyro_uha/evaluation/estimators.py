@@ -10,11 +10,21 @@ Two layers with the same estimators:
 Every estimate is computed from independent chains, vectorized ``batch_size`` at a time
 under one ``jit``. A NaN or -inf log weight (a diverged chain) is a zero weight, counted
 in :attr:`LogZEstimate.num_nonfinite`; a +inf one raises :class:`FloatingPointError`.
+
+Compilation: the ``annealed_*`` functions and :func:`hais_grid_search` take an arbitrary
+``logdensity_fn`` and compile their chains anew on every call (seconds for a model of
+moderate size). The guide-level functions compile once per guide and argument structure:
+their forward chains are the guide's own compiled draws (as
+:meth:`~numpyro_uha.UHAGuide.sample_posterior_with_log_weights` runs them), the reverse
+chains a program kept per guide, both built from the model's arguments inside the ``jit``
+and run in chunks of a fixed width, so a second call, or one with another number of
+draws at an already used width, runs without compiling.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Callable, NamedTuple
 
 import jax
@@ -192,6 +202,10 @@ def annealed_log_z(
 ) -> LogZEstimate:
     """ELBO and importance-weighted log Z, with standard errors, from ``num_draws`` chains.
 
+    Compiles its chains on every call (``logdensity_fn`` is an arbitrary callable); a
+    trained guide's estimators (:func:`log_z`, :func:`hais`, :func:`sandwich`) compile once
+    per guide and argument shapes.
+
     Args:
         rng_key: JAX PRNG key.
         logdensity_fn: z ↦ log p̄(z) over a flat ``z``.
@@ -232,6 +246,10 @@ def annealed_hais(
     :func:`hais_grid_search` for the paper's tuned baseline. With
     ``integrator="position_verlet"`` the accept/reject step needs the target's value at
     the end of every transition, one more evaluation each than UHA makes.
+
+    Compiles its chains on every call (``logdensity_fn`` is an arbitrary callable); a
+    trained guide's estimators (:func:`log_z`, :func:`hais`, :func:`sandwich`) compile once
+    per guide and argument shapes.
     """
     params = jax.tree.map(jnp.asarray, params)
     log_w, accepted = _forward(
@@ -269,6 +287,9 @@ def hais_grid_search(
     bisection on log ε so that the mean rejection rate of ``num_pilot`` pilot chains is r
     (common random numbers across the bisection); each of the grid points is then scored
     by the ELBO of ``num_draws`` chains, and the best is re-run on fresh chains.
+
+    Compiles the pilot and scoring chains once per call (every grid point and bisection
+    step reuses them) and the final run once more.
     """
     num_transitions = int(num_transitions)
     if num_transitions < 1:
@@ -359,6 +380,10 @@ def annealed_sandwich(
     NUTS runs come close; with biased or correlated draws the "upper" bound can fall
     below log Z, and a crossing of the bounds is the symptom.
 
+    Compiles its chains on every call (``logdensity_fn`` is an arbitrary callable); a
+    trained guide's estimators (:func:`log_z`, :func:`hais`, :func:`sandwich`) compile once
+    per guide and argument shapes.
+
     Args:
         num_draws: forward chains for the lower bound (default: as many as positions).
         corrected: bracket with the Hamiltonian AIS weights instead of UHA's.
@@ -401,26 +426,142 @@ def annealed_sandwich(
 
 
 # ------------------------------------------------------------ guide level
-def _guide_target(guide, params, args, kwargs):
+#: Compiled programs of the guide-level estimators, per guide (weakly: they go with the
+#: guide, which needs no attribute for them and pickles as before), then per
+#: ``(kind, argument structure, static options)``. Each builds the model's log density
+#: inside the ``jit`` from the array leaves of the model's arguments and the params, so
+#: one compilation serves every call with the same shapes.
+_GUIDE_PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _guide_program(guide, kind: str, spec, build, **static):
+    """The jitted program ``build(guide_ref, spec, **static)`` of ``guide``, built once.
+
+    The program holds the guide by a weak reference (a strong one, in a value of the
+    weak dictionary, would keep the guide alive forever). ``num_leapfrog_steps`` and
+    ``integrator`` are read when the program is traced, so they are part of the key.
+    """
+    programs = _GUIDE_PROGRAMS.setdefault(guide, {})
+    key = (kind, spec, guide.num_leapfrog_steps, guide.integrator, tuple(sorted(static.items())))
+    program = programs.get(key)
+    if program is None:
+        program = programs[key] = build(weakref.ref(guide), spec, **static)
+    return program
+
+
+def _check_guide(guide):
     from numpyro_uha.guide import UHAGuide
 
     if not isinstance(guide, UHAGuide):
         raise TypeError(f"expected a UHAGuide, got {type(guide).__name__}.")
     guide._require_setup()
-    return guide.get_logdensity_fn(params, *args, **kwargs), guide.get_annealing_params(params)
+
+
+def _build_latent(guide_ref, spec):
+    """jit of :meth:`~numpyro_uha.UHAGuide.latent_from_samples` for arguments ``spec``."""
+    from numpyro_uha.guide import _merge_static
+
+    def run(samples, model_params, arrays):
+        args, kwargs = _merge_static(arrays, spec)
+        return guide_ref().latent_from_samples(samples, *args, params=model_params, **kwargs)
+
+    return jax.jit(run)
+
+
+def _build_reverse(guide_ref, spec, corrected):
+    """jit of ``(rng_key, index, positions, params, arrays) -> log w`` of the reverse
+    chains started at ``positions`` (one chunk, all of them vectorized together), chain
+    ``index[j]`` with the key ``fold_in(rng_key, index[j])``.
+
+    Under JAX's default partitionable threefry that key is ``split(rng_key, n)[index[j]]``
+    for any ``n`` above the index: the chains of :func:`annealed_sandwich`, key by key.
+    The keys are derived inside the program, as the one-off chain runner splits them: with
+    the keys an input instead, XLA:CPU ran two batched triangular solves of the LKJ zoo
+    model concurrently, and jaxlib 0.10's LAPACK kernels, each waiting on the intra-op
+    pool the other occupies, hung at 0 % CPU (2 cores; see
+    :func:`~numpyro_uha.core.batching.batched_map`).
+    """
+    from numpyro_uha.guide import _merge_static
+
+    def run(rng_key, index, positions, params, arrays):
+        guide = guide_ref()
+        args, kwargs = _merge_static(arrays, spec)
+        annealing = guide.get_annealing_params(params)
+        logdensity_fn = guide._make_logdensity(args, kwargs, guide._model_params_in(params))
+        keys = jax.vmap(lambda i: jax.random.fold_in(rng_key, i))(index)
+
+        def one(inputs):
+            key, position = inputs
+            _, log_w, _ = reverse_annealed_sample(
+                key, logdensity_fn, annealing, position,
+                num_leapfrog_steps=guide.num_leapfrog_steps, corrected=corrected,
+                integrator=guide.integrator,
+            )
+            return log_w
+
+        return batched_map(one, (keys, positions), index.shape[0])
+
+    return jax.jit(run)
+
+
+def _chain_keys(rng_key, num, params, arrays):
+    """``jax.random.split(rng_key, num)``, as a host array where it can be (see
+    :func:`numpyro_uha.guide._host_keys`: a key split compiled per chunk width, not per
+    ``num``, under JAX's default partitionable threefry)."""
+    from numpyro_uha.guide import _host_keys
+
+    keys = _host_keys(rng_key, num, params, arrays)
+    return jax.random.split(rng_key, num) if keys is None else keys
+
+
+def _chunk_width(num, batch_size):
+    """The width the guide's draws use for ``num`` draws at most ``batch_size`` at a time
+    (:func:`numpyro_uha.guide._chunk_bucket`: one compiled program per width, whatever
+    ``num``)."""
+    from numpyro_uha.guide import _chunk_bucket
+
+    return min(int(batch_size), _chunk_bucket(num))
+
+
+def _in_chunks(fn, num, width, *columns):
+    """``fn`` over the first ``num`` rows of ``columns`` in chunks of ``width`` rows.
+
+    As the guide's draws do: the last chunk is filled up with copies of the first rows
+    (computed and dropped), so every chunk has the same shape and ``fn`` compiles once per
+    width. Returns the results joined on the host (NumPy), ``num`` rows.
+    """
+    num_chunks = -(-num // width)
+    index = np.arange(num_chunks * width) % num
+    out = [
+        np.asarray(fn(*(column[index[i * width:(i + 1) * width]] for column in columns)))
+        for i in range(num_chunks)
+    ]
+    return np.concatenate(out)[:num]
 
 
 def _guide_positions(guide, params, posterior_samples, args, kwargs):
-    """:func:`_guide_target` plus ``posterior_samples`` (constrained, one leading draw
-    dimension) as flat latent positions of shape ``(N, d)``."""
-    logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
-    positions = guide.latent_from_samples(posterior_samples, *args, params=params, **kwargs)
+    """``posterior_samples`` (constrained, one leading draw dimension) as flat latent
+    positions of shape ``(N, d)`` on the host, converted by a program compiled once per
+    guide, argument structure and shapes. Also returns the split ``(arrays, spec)`` of
+    ``(args, kwargs)``."""
+    from numpyro_uha.guide import _split_static
+
+    _check_guide(guide)
+    arrays, spec = _split_static((args, kwargs))
+    # Latent sites only (other keys, e.g. deterministic sites, play no part), as arrays:
+    # latent_from_samples names missing ones.
+    samples = {
+        name: jnp.asarray(posterior_samples[name])
+        for name in guide._init_locs if name in posterior_samples
+    }
+    to_latent = _guide_program(guide, "latent", spec, _build_latent)
+    positions = np.asarray(to_latent(samples, guide._model_params_in(params), arrays))
     if positions.ndim != 2:
         raise ValueError(
             "posterior_samples must have exactly one leading draw dimension; got latent "
             f"shape {positions.shape}. Flatten chains first (mcmc.get_samples() does)."
         )
-    return logdensity_fn, annealing, positions
+    return positions, arrays, spec
 
 
 def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int | None = None, **kwargs) -> LogZEstimate:
@@ -489,12 +630,26 @@ def hais(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int |
     Returns a :class:`HAISResult` with per-transition acceptance rates. UHA's parameters
     were tuned for the uncorrected dynamics: a low acceptance rate says UHA relies on
     steps an exact sampler would reject (large ε), which its own weights account for.
+
+    The chains are the guide's own compiled draws with the Metropolis correction (key by
+    key the chains of :func:`annealed_hais` on ``guide.get_logdensity_fn(params, *args)``),
+    at most ``batch_size`` at a time (by default the guide's ``sample_batch_size``): a
+    second call, or one with another ``num_draws`` at an already used chunk width, does
+    not recompile.
     """
-    logdensity_fn, annealing = _guide_target(guide, params, args, kwargs)
-    return annealed_hais(
-        rng_key, logdensity_fn, annealing, num_draws,
-        num_leapfrog_steps=guide.num_leapfrog_steps, integrator=guide.integrator,
-        batch_size=batch_size or guide.sample_batch_size,
+    _check_guide(guide)
+    num_draws = _check_num_draws(num_draws)
+    draws = guide._draws(
+        rng_key, params, args, kwargs, (num_draws,), corrected=True, with_info=True,
+        nonfinite="keep", with_samples=False, batch_size=batch_size,
+    )
+    annealing = guide.get_annealing_params(params)
+    log_w = np.asarray(draws.log_weights, np.float64)
+    return HAISResult(
+        log_z=log_z_from_weights(log_w, int(annealing.betas.shape[0])),
+        acceptance_rate=np.asarray(draws.info.accepted).mean(axis=0),
+        log_weights=log_w,
+        params=annealing,
     )
 
 
@@ -513,14 +668,47 @@ def sandwich(
 
     ``posterior_samples`` maps every latent site to constrained values with one leading
     draw dimension, e.g. ``mcmc.get_samples()`` from a long NUTS run. The upper bound
-    assumes these are exact posterior draws (see :func:`annealed_sandwich`).
+    assumes these are exact posterior draws (see :func:`annealed_sandwich`, whose chains
+    these are, key by key, on ``guide.get_logdensity_fn(params, *args)``).
+
+    The forward chains are the guide's own compiled draws (those of :func:`log_z` with
+    the same key, for ``corrected=False``), the reverse chains a program kept per guide;
+    both run at most ``batch_size`` chains at a time (by default the guide's
+    ``sample_batch_size``) in chunks of a fixed width, so a second call with the same
+    shapes, or one with other numbers of draws at already used widths, does not
+    recompile them.
     """
-    logdensity_fn, annealing, positions = _guide_positions(guide, params, posterior_samples, args, kwargs)
-    return annealed_sandwich(
-        rng_key, logdensity_fn, annealing, positions,
-        num_draws=num_draws, corrected=corrected,
-        num_leapfrog_steps=guide.num_leapfrog_steps, integrator=guide.integrator,
-        batch_size=batch_size or guide.sample_batch_size,
+    positions, arrays, spec = _guide_positions(guide, params, posterior_samples, args, kwargs)
+    num_reverse = _check_num_draws(positions.shape[0])
+    if not np.all(np.isfinite(positions)):
+        raise ValueError("posterior_samples contain NaN or inf values (or map to them).")
+    num_draws = _check_num_draws(num_reverse if num_draws is None else num_draws)
+    batch_size = batch_size or guide.sample_batch_size
+    key_forward, key_reverse = jax.random.split(rng_key)
+    draws = guide._draws(
+        key_forward, params, args, kwargs, (num_draws,), corrected=corrected, with_info=False,
+        nonfinite="keep", with_samples=False, batch_size=batch_size,
+    )
+    annealing = guide.get_annealing_params(params)
+    num_transitions = int(annealing.betas.shape[0])
+    lower = log_z_from_weights(np.asarray(draws.log_weights, np.float64), num_transitions)
+
+    reverse = _guide_program(guide, "reverse", spec, _build_reverse, corrected=bool(corrected))
+    width = _chunk_width(num_reverse, batch_size)
+    reverse_log_w = _in_chunks(
+        lambda index, starts: reverse(key_reverse, index, starts, params, arrays),
+        num_reverse, width, np.arange(num_reverse, dtype=np.uint32),
+        positions.astype(np.dtype(annealing.loc.dtype)),
+    ).astype(np.float64)
+    # -log w estimates -log Z from below; reuse the lower-bound summary on its negation.
+    flipped = log_z_from_weights(-reverse_log_w, num_transitions)
+    return LogZSandwich(
+        lower=lower,
+        upper=-flipped.elbo,
+        upper_se=flipped.elbo_se,
+        upper_iw=-flipped.iw,
+        upper_iw_se=flipped.iw_se,
+        num_reverse=num_reverse,
     )
 
 

@@ -620,7 +620,7 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
     num_steps = int(guide.get_annealing_params(params).betas.shape[0])
     estimate = log_z_from_weights(log_w, num_steps)
     _warn_if_poor_fit(log_w, "log_z")
-    guide.warn_if_worse_than_start(log_w, stacklevel=2)
+    guide.warn_if_worse_than_start(log_w, model_args=(args, kwargs), stacklevel=2)
     return estimate
 
 

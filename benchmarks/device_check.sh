@@ -8,20 +8,7 @@
 # THE GPU (the divergence tests among them); 3. the speed benchmark on the GPU (step with
 # the divergence check on / off); 4. the issue-13 reruns on that machine's 16 CPU cores in
 # parallel (small sequential models are faster on CPU than on a GPU).
-set -u
-OUT=${OUT:-/tmp/device_out}
-mkdir -p "$OUT/results"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-export PYTHONPATH=$PWD
-export NUMPYRO_UHA_RESULTS_DIR="$OUT/results"
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 --version
-  python3 -m pip install -q --no-deps --no-index .gpu_wheels/*.whl 2>&1 | tail -2
-  python3 -c "import jax, jaxlib, numpyro, optax, arviz; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'numpyro', numpyro.__version__, 'optax', optax.__version__, 'arviz', arviz.__version__); print(jax.devices())"
-} > "$OUT/versions.txt" 2>&1
-cat "$OUT/versions.txt"
+source "$(dirname "$0")/device_env.sh"
 
 # issue-13 reruns on CPU, in the background
 cpu() { JAX_PLATFORMS=cpu timeout "$1" python3 -m "${@:2}"; }

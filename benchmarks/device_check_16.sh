@@ -7,20 +7,7 @@
 # sonar / madelon draws; the default batch sized to the device); 3. the speed benchmark
 # (SVI step and draws vs AutoDAIS and the floor); 4. scaling on the GPU; 5. start-up
 # beside AutoNormal; 6. the draw, sharding and usage tests on the GPU.
-set -u
-OUT=${OUT:-/tmp/device_out}
-mkdir -p "$OUT/results"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-export PYTHONPATH=$PWD
-export NUMPYRO_UHA_RESULTS_DIR="$OUT/results"
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 --version
-  python3 -m pip install -q --no-deps --no-index .gpu_wheels/*.whl 2>&1 | tail -2
-  python3 -c "import jax, jaxlib, numpyro, optax, arviz; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'numpyro', numpyro.__version__, 'optax', optax.__version__, 'arviz', arviz.__version__); print(jax.devices())"
-} > "$OUT/versions.txt" 2>&1
-cat "$OUT/versions.txt"
+source "$(dirname "$0")/device_env.sh"
 step() { local t=$1 name=$2; shift 2; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "$name rc=$?" | tee -a "$OUT/$name.log"; tail -4 "$OUT/$name.log"; }
 step 100 draw_batch python3 -m benchmarks.draw_batch --datasets sonar madelon --num-draws 10000 --batch-sizes 1024 4096 16384 --repeats 5 --name draw_batch_gpu
 step 130 speed python3 -m benchmarks.speed --datasets sonar madelon --runs 1 --repeats 5 --num-draws 10000 --memory-K 64 --name speed_gpu_16

@@ -374,6 +374,7 @@ class UHAGuide(AutoContinuous):
         self.remat = remat
         self._sample_batch_size = sample_batch_size
         self._auto_batch_size = None
+        self._start_data = None  # see _setup_fingerprint
         self.sharding = leading_axis_sharding(sharding)
         self.check_finite = check_finite
         self._init_scale = init_scale
@@ -413,11 +414,9 @@ class UHAGuide(AutoContinuous):
         loc, scale = init_loc, init_scale
         self._precondition = None
         self._start_elbo = None  # (ELBO, its standard error) of the q UHA starts from
+        # derived from the setup arguments when first needed, not at svi.init
+        self._auto_batch_size = self._start_data = None
         arrays, spec = _split_static((args, kwargs))
-        # the data q's ELBO is measured on (see warn_if_worse_than_start)
-        self._start_data = None if _is_tracer(arrays) else _data_fingerprint(arrays, spec)
-        if self._sample_batch_size is None and not _is_tracer(arrays):
-            self._auto_batch_size = self._device_batch_size(arrays, spec, model_params)
         lam = None  # the curvature behind the step ceiling (see _stability_ceiling)
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
@@ -494,9 +493,14 @@ class UHAGuide(AutoContinuous):
         the guide is set up, where none was given."""
         if self._sample_batch_size is not None:
             return self._sample_batch_size
-        if self._auto_batch_size is not None:
-            return self._auto_batch_size
-        return CPU_BATCH_PER_DEVICE * num_shards(self.sharding)
+        if self._auto_batch_size is None:
+            if self._setup_args is None:  # not set up, or set up on traced arguments
+                return CPU_BATCH_PER_DEVICE * num_shards(self.sharding)
+            self._auto_batch_size = self._device_batch_size(
+                *_split_static(self._setup_args),
+                {name: site["value"] for name, site in self._model_param_sites.items()},
+            )
+        return self._auto_batch_size
 
     @sample_batch_size.setter
     def sample_batch_size(self, value):
@@ -537,17 +541,24 @@ class UHAGuide(AutoContinuous):
         per_device = max(CPU_BATCH_PER_DEVICE, min(DEVICE_BATCH_MAX, fits))
         return (1 << (per_device.bit_length() - 1)) * shards
 
-    def _sample_program(self, spec):
-        """``(rng_key, annealing, model_params, arrays) -> annealed_sample(...)``, jitted
-        per argument structure (``spec``); not jitted where ``spec`` holds an unhashable
-        static leaf."""
+    def _program(self, impl, spec, **static):
+        """``impl`` with ``spec`` and ``static`` bound, jitted once per argument structure
+        (``spec``) and options; not jitted where ``spec`` holds an unhashable static leaf
+        (a model argument JAX cannot trace and Python cannot hash)."""
+        fn = partial(impl, spec=spec, **static)
+        key = (impl.__name__, spec, tuple(sorted(static.items())))
         try:
-            hash(spec)
+            hash(key)
         except TypeError:
-            return partial(self._sample_impl, spec=spec)
-        if ("sample", spec) not in self._jitted_setup:
-            self._jitted_setup[("sample", spec)] = jax.jit(partial(self._sample_impl, spec=spec))
-        return self._jitted_setup[("sample", spec)]
+            return fn
+        if key not in self._jitted_setup:
+            self._jitted_setup[key] = jax.jit(fn)
+        return self._jitted_setup[key]
+
+    def _sample_program(self, spec):
+        """``(rng_key, annealing, model_params, arrays) -> annealed_sample(...)``, one
+        program per argument structure (:meth:`_program`)."""
+        return self._program(self._sample_impl, spec)
 
     def _sample_impl(self, rng_key, annealing, model_params, arrays, *, spec):
         args, kwargs = _merge_static(arrays, spec)
@@ -564,10 +575,7 @@ class UHAGuide(AutoContinuous):
         """The setup's numerical work as one compiled program, per argument structure:
         ``"warm_start"`` (the plain-VI warm start, its score and the curvature at the
         fitted q) or ``"score"`` (``init_from``'s q scored and its curvature)."""
-        key = (kind, spec)
-        if key not in self._jitted_setup:
-            self._jitted_setup[key] = jax.jit(partial(self._setup_impl, spec=spec, kind=kind))
-        return self._jitted_setup[key]
+        return self._program(self._setup_impl, spec, kind=kind)
 
     def _setup_impl(self, rng_key, loc, scale, arrays, model_params, *, spec, kind):
         args, kwargs = _merge_static(arrays, spec)
@@ -580,9 +588,10 @@ class UHAGuide(AutoContinuous):
                 learning_rate=self.warm_start_learning_rate,
             )
             return fit, _curvature(logdensity_fn, fit.loc, fit.scale)
+        # the user's batch bound, if any (START_ELBO_DRAWS is below any default width)
         log_weights = gaussian_log_weights(
             rng_key, logdensity_fn, loc, scale, START_ELBO_DRAWS,
-            batch_size=self.sample_batch_size,
+            batch_size=self._sample_batch_size,
         )
         return log_weights, _curvature(logdensity_fn, loc, scale)
 
@@ -980,6 +989,7 @@ class UHAGuide(AutoContinuous):
         state["_jitted_draws"] = {}
         state["_jitted_setup"] = {}
         state["_auto_batch_size"] = None  # sized again for the device it is loaded on
+        state["_start_data"] = None  # derived again from the setup arguments
         return state
 
     # ------------------------------------------------------------- sampling
@@ -1127,7 +1137,7 @@ class UHAGuide(AutoContinuous):
         if self._start_elbo is None or _is_tracer(log_weights):
             return False
         if model_args is not None and not _same_data(
-            _data_fingerprint(*_split_static(tuple(model_args))), self._start_data
+            _data_fingerprint(*_split_static(tuple(model_args))), self._setup_fingerprint()
         ):
             return False
         log_w = np.asarray(log_weights, np.float64).ravel()
@@ -1165,6 +1175,13 @@ class UHAGuide(AutoContinuous):
             stacklevel=stacklevel + 1,
         )
         return True
+
+    def _setup_fingerprint(self):
+        """:func:`_data_fingerprint` of the arguments the guide was set up with (the data
+        q's ELBO was measured on); ``None`` where they were traced."""
+        if self._start_data is None and self._setup_args is not None:
+            self._start_data = _data_fingerprint(*_split_static(self._setup_args))
+        return self._start_data
 
     def _handle_nonfinite(self, draws, finite, bad, sample_shape, nonfinite):
         """``draws`` (flat) without its ``bad`` diverged draws, or the error to raise."""
@@ -1536,14 +1553,9 @@ def _host_keys(rng_key, num_draws, params, arrays):
     the split's size, so the keys come from a split to the next chunk width
     (:func:`_chunk_bucket`): compiled once per width, not once per ``num_draws``.
     """
-    if not num_draws or _is_tracer((rng_key, params, arrays)):
+    if not _chunkable(rng_key, num_draws, params, arrays):
         return None
-    rng_key = jnp.asarray(rng_key)
-    if jax.dtypes.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
-        return None
-    if jax.config.jax_threefry_partitionable:
-        return np.asarray(_split_keys(rng_key, _chunk_bucket(num_draws)))[:num_draws]
-    return np.asarray(jax.random.split(rng_key, num_draws))
+    return np.asarray(_draw_keys(rng_key, num_draws, _chunk_bucket(num_draws)))[:num_draws]
 
 
 def _mean_and_se(values) -> tuple[float, float] | None:

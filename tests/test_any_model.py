@@ -155,3 +155,29 @@ def test_a_support_that_depends_on_another_latent_holds_at_every_draw():
     )
     logdensity = guide.get_logdensity_fn(result.params, 0.7)
     np.testing.assert_allclose(logdensity(jnp.array([log_x, u])), expected, rtol=1e-5)
+
+
+class _Options:
+    """A model argument that is neither an array nor hashable (a settings object)."""
+
+    __hash__ = None
+
+    def __init__(self, scale):
+        self.scale = scale
+
+
+def _model_with_options(y, options):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    numpyro.sample("y", dist.Normal(mu, options.scale), obs=y)
+
+
+def test_an_unhashable_model_argument_trains():
+    """The guide's setup and chain run as programs compiled per argument structure; an
+    argument that structure cannot hash runs them uncompiled instead of failing (svi.init
+    raised TypeError when the setup program was cached by it)."""
+    y = np.random.default_rng(0).normal(2.0, 1.0, 20).astype(np.float32)
+    guide = UHAGuide(_model_with_options, K=2, warm_start_steps=50)
+    svi = SVI(_model_with_options, guide, optax.adam(1e-2), Trace_ELBO())
+    result = svi.run(jax.random.PRNGKey(0), 20, y, _Options(1.0), progress_bar=False)
+    assert np.all(np.isfinite(np.asarray(result.losses)))
+    assert guide._start_elbo is not None

@@ -413,7 +413,13 @@ def annealed_sandwich(
     )
     reverse_log_w, _, _ = run(key_reverse, params, positions.astype(params.loc.dtype))
     reverse_log_w = np.asarray(reverse_log_w, np.float64)
-    # -log w estimates -log Z from below; reuse the lower-bound summary on its negation.
+    return _sandwich_result(lower, reverse_log_w, num_transitions)
+
+
+def _sandwich_result(lower, reverse_log_w, num_transitions) -> LogZSandwich:
+    """The bracket from the forward chains' summary and the reverse chains' log weights:
+    -log w estimates -log Z from below, so the lower-bound summary of the negated weights
+    gives the upper bounds."""
     flipped = log_z_from_weights(-reverse_log_w, num_transitions)
     return LogZSandwich(
         lower=lower,
@@ -421,7 +427,7 @@ def annealed_sandwich(
         upper_se=flipped.elbo_se,
         upper_iw=-flipped.iw,
         upper_iw_se=flipped.iw_se,
-        num_reverse=num_reverse,
+        num_reverse=int(reverse_log_w.shape[0]),
     )
 
 
@@ -700,16 +706,7 @@ def sandwich(
         num_reverse, width, np.arange(num_reverse, dtype=np.uint32),
         positions.astype(np.dtype(annealing.loc.dtype)),
     ).astype(np.float64)
-    # -log w estimates -log Z from below; reuse the lower-bound summary on its negation.
-    flipped = log_z_from_weights(-reverse_log_w, num_transitions)
-    return LogZSandwich(
-        lower=lower,
-        upper=-flipped.elbo,
-        upper_se=flipped.elbo_se,
-        upper_iw=-flipped.iw,
-        upper_iw_se=flipped.iw_se,
-        num_reverse=num_reverse,
-    )
+    return _sandwich_result(lower, reverse_log_w, num_transitions)
 
 
 def extrapolate(guide, params, K: int):

@@ -1,6 +1,8 @@
 """Pure-JAX core of numpyro-uha. Nothing in this package imports numpyro.
 
-Everything works on a ``logdensity_fn(z) -> scalar`` over a flat vector ``z``.
+Everything works on a ``logdensity_fn(z) -> scalar`` over a flat vector ``z``; the
+``*_rows`` samplers run one chain per row of ``Z`` on a target that factorizes over rows
+(local latent variables), ``logdensity_fn(Z) -> (B,)``.
 """
 
 from numpyro_uha.core.annealing import (
@@ -8,11 +10,15 @@ from numpyro_uha.core.annealing import (
     AnnealingInfo,
     AnnealingParams,
     annealed_sample,
+    annealed_sample_rows,
     check_integrator,
     hais_sample,
+    hais_sample_rows,
     make_params,
     reverse_annealed_sample,
+    reverse_annealed_sample_rows,
     uha_sample,
+    uha_sample_rows,
 )
 from numpyro_uha.core.gaussian import (
     bridge_gaussian,
@@ -42,6 +48,7 @@ __all__ = [
     "GaussianFit",
     "IntegratorState",
     "annealed_sample",
+    "annealed_sample_rows",
     "betas_from_logits",
     "bridge_gaussian",
     "check_integrator",
@@ -53,6 +60,7 @@ __all__ = [
     "gaussian_logpdf",
     "gaussian_sample",
     "hais_sample",
+    "hais_sample_rows",
     "interpolate_betas",
     "kinetic_log_density",
     "leading_axis_sharding",
@@ -60,7 +68,9 @@ __all__ = [
     "logits_from_betas",
     "make_params",
     "reverse_annealed_sample",
+    "reverse_annealed_sample_rows",
     "shard_particles",
     "step_sizes_from_beta",
     "uha_sample",
+    "uha_sample_rows",
 ]

@@ -58,6 +58,10 @@ __all__ = [
     "uha_sample",
     "hais_sample",
     "reverse_annealed_sample",
+    "annealed_sample_rows",
+    "reverse_annealed_sample_rows",
+    "uha_sample_rows",
+    "hais_sample_rows",
 ]
 
 LogDensityFn = Callable[[jax.Array], jax.Array]
@@ -209,13 +213,123 @@ def annealed_sample(
         The final position, the log importance weight and :class:`AnnealingInfo`.
         The function is pure and safe under ``jit``, ``vmap`` and ``grad``.
     """
-    loc, scale = params.loc, params.scale
-    key_init, key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 4)
+    dim, num_transitions = params.loc.shape[-1], params.betas.shape[-1]
+    noise = _forward_noise(rng_key, dim, num_transitions, params.loc.dtype)
+    return _forward(
+        noise, logdensity_fn, params, num_leapfrog_steps, corrected, remat, integrator
+    )
 
-    z_init = gaussian_sample(jax.random.normal(key_init, loc.shape[-1:], loc.dtype), loc, scale)
+
+def annealed_sample_rows(
+    rng_keys: jax.Array,
+    logdensity_fn: LogDensityFn,
+    params: AnnealingParams,
+    *,
+    num_leapfrog_steps: int = 1,
+    corrected: bool = False,
+    remat: bool = False,
+    integrator: str = "velocity_verlet",
+) -> tuple[jax.Array, jax.Array, AnnealingInfo]:
+    """B independent annealed draws, one per row, for a target that factorizes over rows.
+
+    For local latent variables: row i is data point i's latent z_i, its target is
+    log p̄_i(z_i) (e.g. log p(x_i, z_i | globals)), and ``logdensity_fn`` evaluates all of
+    them at once, ``Z ↦ (log p̄_1(Z[0]), ..., log p̄_B(Z[B-1]))``, so that a model that is
+    written for a batch (a NumPyro plate) is evaluated once per step, not once per row.
+    Row i's chain is exactly :func:`annealed_sample` with key ``rng_keys[i]`` on
+    ``log p̄_i`` and the parameters' row i (same random numbers, same arithmetic).
+
+    Args:
+        rng_keys: one PRNG key per row, shape ``(B,)`` (typed keys) or ``(B, 2)``.
+        logdensity_fn: ``(B, d) ↦ (B,)``; value ``i`` may depend on row ``i`` only (the
+            gradient of the sum is taken as the rows' gradients, which is only right
+            then).
+        params: :class:`AnnealingParams` with a mean-field q: ``loc`` and ``scale`` of
+            shape ``(B, d)``; every other field either shared by the rows (the shape
+            :func:`annealed_sample` takes) or per row, with a leading ``B`` axis
+            (``betas``/``step_sizes`` ``(B, K)``, ``damping`` ``(B,)``, vectors
+            ``(B, d)``).
+        num_leapfrog_steps, corrected, remat, integrator: as in :func:`annealed_sample`.
+
+    Returns:
+        ``(Z_{K+1}, log w, info)`` with a leading ``B`` axis on every array (``info``'s
+        per-transition arrays are ``(B, K)``): the rows' log weights, not their sum.
+    """
+    params = _rows_params(params, rng_keys)
+    dim, num_transitions = params.loc.shape[-1], params.betas.shape[-1]
+    noise = jax.vmap(lambda key: _forward_noise(key, dim, num_transitions, params.loc.dtype))(
+        rng_keys
+    )
+    z, log_weight, info = _forward(
+        _steps_first(noise), logdensity_fn, params, num_leapfrog_steps, corrected, remat,
+        integrator,
+    )
+    return z, log_weight, _rows_info(info)
+
+
+def _rows_params(params, rng_keys):
+    """Check a rows call's parameters; per-row schedules move their K axis first."""
+    num_rows = jnp.shape(rng_keys)[0]
+    if jnp.ndim(params.scale) != 2 or jnp.shape(params.scale) != jnp.shape(params.loc):
+        raise ValueError(
+            "annealed_sample_rows needs a mean-field q per row: loc and scale of shape (B, d), "
+            f"got loc {jnp.shape(params.loc)} and scale {jnp.shape(params.scale)}."
+        )
+    if params.loc.shape[0] != num_rows:
+        raise ValueError(
+            f"annealed_sample_rows: {num_rows} keys for {params.loc.shape[0]} rows of loc."
+        )
+    damping = jnp.asarray(params.damping)
+    if damping.ndim == 1:  # one η per row, broadcast against the rows' momenta
+        damping = damping[:, None]
+    return params._replace(damping=damping)
+
+
+def _steps_first(noise):
+    """Per-row noises ``(B, K, ...)`` → ``(K, B, ...)`` for the scan over transitions."""
+    *first, refresh, uniforms = noise
+    return (*first, jnp.swapaxes(refresh, 0, 1), jnp.swapaxes(uniforms, 0, 1))
+
+
+def _rows_info(info):
+    """``AnnealingInfo`` with per-transition arrays ``(K, B)`` → ``(B, K)``."""
+    return AnnealingInfo(
+        info.initial_position, info.log_q_initial,
+        *(jnp.swapaxes(x, 0, 1) for x in info[2:]),
+    )
+
+
+def _forward_noise(rng_key, dim, num_transitions, dtype):
+    """Every random number of one forward chain, from its key (the streams never change)."""
+    key_init, key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 4)
+    return (
+        jax.random.normal(key_init, (dim,), dtype),
+        *_transition_noise(key_momentum, key_refresh, key_accept, dim, num_transitions, dtype),
+    )
+
+
+def _transition_noise(key_momentum, key_refresh, key_accept, dim, num_transitions, dtype):
+    """The first momentum's noise, the K refresh noises and the K Metropolis uniforms.
+
+    The refresh noises of all K transitions are drawn at once: in a rough (noisy) CPU
+    timing one vectorized draw was cheaper than K small ones inside the loop; it costs K·d
+    floats per chain, no more than the residuals reverse mode keeps anyway.
+    """
+    return (
+        jax.random.normal(key_momentum, (dim,), dtype),
+        jax.random.normal(key_refresh, (num_transitions, dim), dtype),
+        jax.random.uniform(key_accept, (num_transitions,), dtype),
+    )
+
+
+def _forward(noise, logdensity_fn, params, num_leapfrog_steps, corrected, remat, integrator):
+    """The forward chain from its random numbers; every array may carry leading row axes."""
+    init_noise, momentum_noise, refresh_noises, uniforms = noise
+    loc, scale = params.loc, params.scale
+    z_init = gaussian_sample(init_noise, loc, scale)
     log_q_initial = gaussian_logpdf(z_init, loc, scale)
     momentum, move, refresh, steps = _chain_parts(
-        logdensity_fn, params, key_momentum, key_refresh, key_accept,
+        logdensity_fn, params, (momentum_noise, refresh_noises, uniforms),
         num_leapfrog_steps, corrected, integrator,
     )
     state = _initial_state(logdensity_fn, z_init, momentum, integrator)
@@ -235,7 +349,7 @@ def annealed_sample(
         # on madelon (d = 501, K = 32) costs 145 MFLOP, without them 112 (compiled
         # cost analysis), and every transition costs one target gradient and no more.
         final_logdensity = logdensity_fn(final_state.position)
-    log_weight = final_logdensity - log_q_initial + jnp.sum(per_step[-1])
+    log_weight = final_logdensity - log_q_initial + jnp.sum(per_step[-1], axis=0)
     info = AnnealingInfo(z_init, log_q_initial, *per_step)
     return final_state.position, log_weight, info
 
@@ -246,39 +360,60 @@ def check_integrator(integrator):
         raise ValueError(f"integrator must be one of {INTEGRATORS}, got {integrator!r}.")
 
 
+def _value_and_grad(logdensity_fn):
+    """z ↦ (log p̄(z), ∇ log p̄(z)), for one chain or for rows (the gradient of the sum)."""
+
+    def total(z):
+        value = logdensity_fn(z)
+        return jnp.sum(value), value
+
+    def value_and_grad(z):
+        (_, value), grad = jax.value_and_grad(total, has_aux=True)(z)
+        return value, grad
+
+    return value_and_grad
+
+
+def _grad(logdensity_fn):
+    """z ↦ ∇ log p̄(z), for one chain or for rows (the gradient of the sum)."""
+    return jax.grad(lambda z: jnp.sum(logdensity_fn(z)))
+
+
 def _initial_state(logdensity_fn, position, momentum, integrator):
     """The integrator state at ``position``: position Verlet needs no gradient there."""
     check_integrator(integrator)
     if integrator == "position_verlet":
         return IntegratorState(position, momentum, logdensity_fn(position), None)
-    return IntegratorState(position, momentum, *jax.value_and_grad(logdensity_fn)(position))
+    return IntegratorState(position, momentum, *_value_and_grad(logdensity_fn)(position))
 
 
 def _chain_parts(
-    logdensity_fn, params, key_momentum, key_refresh, key_accept, num_leapfrog_steps, corrected,
-    integrator,
+    logdensity_fn, params, noise, num_leapfrog_steps, corrected, integrator,
 ):
     """What the forward and the reverse sampler share: ``(momentum, move, refresh, steps)``.
 
-    ``momentum`` is the first momentum, ρ ~ N(0, Σ); ``move`` the leapfrog part of a
-    transition (:func:`_make_move`); ``refresh(state, noise)`` the partial momentum refresh
-    ρ ← η ρ + sqrt(1 − η²) Σ^(1/2) ξ; ``steps`` the scanned inputs (β_m, ε_m, ξ_m, u_m). The
-    refresh noises of all K transitions are drawn at once: in a rough (noisy) CPU timing one
-    vectorized draw was cheaper than K small ones inside the loop; it costs K·d floats per
-    chain, no more than the residuals reverse mode keeps anyway.
+    ``noise`` is ``(momentum noise, refresh noises, uniforms)`` (:func:`_transition_noise`;
+    for rows, already with the transitions' axis first). ``momentum`` is the first
+    momentum, ρ ~ N(0, Σ); ``move`` the leapfrog part of a transition
+    (:func:`_make_move`); ``refresh(state, noise)`` the partial momentum refresh
+    ρ ← η ρ + sqrt(1 − η²) Σ^(1/2) ξ; ``steps`` the scanned inputs (β_m, ε_m, ξ_m, u_m),
+    each with the transitions' axis first (a per-row schedule ``(B, K)`` is transposed).
     """
-    loc, damping, momentum_scale = params.loc, params.damping, params.momentum_scale
-    dim, num_transitions = loc.shape[-1], params.betas.shape[0]
-    momentum = momentum_scale * jax.random.normal(key_momentum, (dim,), loc.dtype)
+    momentum_noise, noises, uniforms = noise
+    damping, momentum_scale = params.damping, params.momentum_scale
+    momentum = momentum_scale * momentum_noise
     move = _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
     refresh_scale = jnp.sqrt(1.0 - damping**2) * momentum_scale
 
     def refresh(state, noise):
         return state._replace(momentum=damping * state.momentum + refresh_scale * noise)
 
-    noises = jax.random.normal(key_refresh, (num_transitions, dim), loc.dtype)
-    uniforms = jax.random.uniform(key_accept, (num_transitions,), loc.dtype)
-    return momentum, move, refresh, (params.betas, params.step_sizes, noises, uniforms)
+    betas, step_sizes = params.betas, params.step_sizes
+    if jnp.ndim(betas) == 2:
+        betas = betas.T
+    if jnp.ndim(step_sizes) == 2:
+        step_sizes = step_sizes.T
+    return momentum, move, refresh, (betas, step_sizes, noises, uniforms)
 
 
 def _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator):
@@ -288,21 +423,25 @@ def _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
     was already refreshed) and returns the new state and the per-step diagnostics
     ``(log p̄ at the new position, momentum log ratio, log acceptance ratio, accepted,
     weight increment)``. The forward sampler refreshes then moves; the reverse sampler
-    moves then refreshes.
+    moves then refreshes. β_m, ε_m and u are scalars for one chain, or one per row.
     """
     loc, scale, momentum_scale, drift_scale = (
         params.loc, params.scale, params.momentum_scale, params.drift_scale
     )
     force_limit = params.force_limit
     loc_slope, log_scale_slope = params.bridge_loc_slope, params.bridge_log_scale_slope
-    value_and_grad = jax.value_and_grad(logdensity_fn)
-    target_grad = jax.grad(logdensity_fn)
+    value_and_grad = _value_and_grad(logdensity_fn)
+    target_grad = _grad(logdensity_fn)
 
     def move(start, beta, step_size, uniform):
         bridge_loc, bridge_scale = bridge_gaussian(beta, loc, scale, loc_slope, log_scale_slope)
+        # per-chain scalars against (..., d) vectors
+        beta_v, step_v = jnp.expand_dims(beta, -1), jnp.expand_dims(step_size, -1)
 
         def bridge_grad(z, grad_target):
-            force = (1.0 - beta) * gaussian_grad_logpdf(z, bridge_loc, bridge_scale) + beta * grad_target
+            force = (1.0 - beta_v) * gaussian_grad_logpdf(
+                z, bridge_loc, bridge_scale
+            ) + beta_v * grad_target
             if force_limit is None:
                 return force
             return force_limit * jnp.tanh(force / force_limit)
@@ -312,13 +451,13 @@ def _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
 
         if integrator == "position_verlet":
             z, rho = drift_kick_drift(
-                start.position, start.momentum, step_size, momentum_scale, target_grad,
+                start.position, start.momentum, step_v, momentum_scale, target_grad,
                 bridge_grad, num_leapfrog_steps, drift_scale,
             )
             proposal = IntegratorState(z, rho, logdensity_fn(z), None)
         else:
             proposal = leapfrog(
-                start, step_size, momentum_scale, value_and_grad, bridge_grad,
+                start, step_v, momentum_scale, value_and_grad, bridge_grad,
                 num_leapfrog_steps, drift_scale,
             )
         momentum_log_ratio = kinetic_log_density(
@@ -333,11 +472,11 @@ def _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
             accepted = jnp.log(uniform) < log_accept_ratio
             rejected = start._replace(momentum=-start.momentum)
             new_state = jax.tree.map(
-                lambda a, b: jnp.where(accepted, a, b), proposal, rejected
+                lambda a, b: jnp.where(_against(accepted, a), a, b), proposal, rejected
             )
             increment = jnp.where(accepted, log_pi_start - log_pi_proposal, 0.0)
         else:
-            accepted = jnp.asarray(True)
+            accepted = jnp.ones(jnp.shape(log_accept_ratio), bool)
             new_state = proposal
             increment = momentum_log_ratio
         step_info = (
@@ -350,6 +489,11 @@ def _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
         return new_state, step_info
 
     return move
+
+
+def _against(flag, leaf):
+    """A per-chain flag with trailing axes added to broadcast against ``leaf``."""
+    return jnp.reshape(flag, jnp.shape(flag) + (1,) * (jnp.ndim(leaf) - jnp.ndim(flag)))
 
 
 def reverse_annealed_sample(
@@ -385,11 +529,48 @@ def reverse_annealed_sample(
         log q(z_1)``, ``info.target_logdensity[m-1] = log p̄(z_m)`` and
         ``info.log_accept_ratio`` / ``info.accepted`` those of the backward moves.
     """
-    key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 3)
     position = jnp.asarray(position, params.loc.dtype)
+    dim, num_transitions = params.loc.shape[-1], params.betas.shape[-1]
+    noise = _reverse_noise(rng_key, dim, num_transitions, params.loc.dtype)
+    return _reverse(
+        noise, logdensity_fn, params, position, num_leapfrog_steps, corrected, integrator
+    )
+
+
+def reverse_annealed_sample_rows(
+    rng_keys: jax.Array,
+    logdensity_fn: LogDensityFn,
+    params: AnnealingParams,
+    position: jax.Array,
+    *,
+    num_leapfrog_steps: int = 1,
+    corrected: bool = False,
+    integrator: str = "velocity_verlet",
+) -> tuple[jax.Array, jax.Array, AnnealingInfo]:
+    """:func:`reverse_annealed_sample` for B rows at once, from ``position`` of shape
+    ``(B, d)``; arguments as in :func:`annealed_sample_rows`. Row i's chain is exactly the
+    single-row one with key ``rng_keys[i]``."""
+    params = _rows_params(params, rng_keys)
+    position = jnp.asarray(position, params.loc.dtype)
+    dim, num_transitions = params.loc.shape[-1], params.betas.shape[-1]
+    noise = jax.vmap(lambda key: _reverse_noise(key, dim, num_transitions, params.loc.dtype))(
+        rng_keys
+    )
+    z, log_weight, info = _reverse(
+        _steps_first(noise), logdensity_fn, params, position, num_leapfrog_steps, corrected,
+        integrator,
+    )
+    return z, log_weight, _rows_info(info)
+
+
+def _reverse_noise(rng_key, dim, num_transitions, dtype):
+    key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 3)
+    return _transition_noise(key_momentum, key_refresh, key_accept, dim, num_transitions, dtype)
+
+
+def _reverse(noise, logdensity_fn, params, position, num_leapfrog_steps, corrected, integrator):
     momentum, move, refresh, steps = _chain_parts(
-        logdensity_fn, params, key_momentum, key_refresh, key_accept,
-        num_leapfrog_steps, corrected, integrator,
+        logdensity_fn, params, noise, num_leapfrog_steps, corrected, integrator,
     )
     state = _initial_state(logdensity_fn, position, momentum, integrator)
     final_logdensity = state.target_logdensity
@@ -403,7 +584,7 @@ def reverse_annealed_sample(
     log_q_initial = gaussian_logpdf(first_state.position, params.loc, params.scale)
     # Each backward move's increment is the forward increment with start and end swapped.
     increments = -per_step[-1]
-    log_weight = final_logdensity - log_q_initial + jnp.sum(increments)
+    log_weight = final_logdensity - log_q_initial + jnp.sum(increments, axis=0)
     target_logdensity, momentum_log_ratio, log_accept_ratio, accepted, _ = per_step
     info = AnnealingInfo(
         first_state.position, log_q_initial, target_logdensity,
@@ -435,6 +616,30 @@ def hais_sample(
     params = jax.lax.stop_gradient(params)
     return annealed_sample(
         rng_key, logdensity_fn, params,
+        num_leapfrog_steps=num_leapfrog_steps, corrected=True, remat=False,
+        integrator=integrator,
+    )
+
+
+def uha_sample_rows(
+    rng_keys, logdensity_fn, params, *, num_leapfrog_steps=1, remat=False,
+    integrator="velocity_verlet",
+):
+    """UHA draws, one per row (differentiable). See :func:`annealed_sample_rows`."""
+    return annealed_sample_rows(
+        rng_keys, logdensity_fn, params,
+        num_leapfrog_steps=num_leapfrog_steps, corrected=False, remat=remat,
+        integrator=integrator,
+    )
+
+
+def hais_sample_rows(
+    rng_keys, logdensity_fn, params, *, num_leapfrog_steps=1, integrator="velocity_verlet"
+):
+    """Hamiltonian AIS draws, one per row (gradients stopped). See :func:`annealed_sample_rows`."""
+    params = jax.lax.stop_gradient(params)
+    return annealed_sample_rows(
+        rng_keys, logdensity_fn, params,
         num_leapfrog_steps=num_leapfrog_steps, corrected=True, remat=False,
         integrator=integrator,
     )

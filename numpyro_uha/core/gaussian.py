@@ -25,39 +25,45 @@ __all__ = [
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-def _is_full_rank(scale: jax.Array) -> bool:
-    return jnp.ndim(scale) == 2
+def _is_full_rank(scale: jax.Array, loc: jax.Array) -> bool:
+    """A Cholesky factor has one axis more than ``loc``; a vector of sds (one row or a
+    batch of rows, ``(B, d)``) has ``loc``'s shape."""
+    return jnp.ndim(scale) == jnp.ndim(loc) + 1
 
 
 def gaussian_sample(noise: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
     """Reparameterized draw ``loc + scale · noise`` for standard normal ``noise``."""
-    if _is_full_rank(scale):
+    if _is_full_rank(scale, loc):
         return loc + scale @ noise
     return loc + scale * noise
 
 
 def _whiten(z: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
-    if _is_full_rank(scale):
+    if _is_full_rank(scale, loc):
         return solve_triangular(scale, z - loc, lower=True)
     return (z - loc) / scale
 
 
-def _log_det_scale(scale: jax.Array) -> jax.Array:
-    if _is_full_rank(scale):
+def _log_det_scale(scale: jax.Array, full_rank: bool) -> jax.Array:
+    if full_rank:
         return jnp.sum(jnp.log(jnp.abs(jnp.diagonal(scale))))
-    return jnp.sum(jnp.log(scale))
+    return jnp.sum(jnp.log(scale), axis=-1)
 
 
 def gaussian_logpdf(z: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
-    """log N(z | loc, scale scaleᵀ) (or diag(scale²) for a vector scale)."""
+    """log N(z | loc, scale scaleᵀ) (or diag(scale²) for a vector scale).
+
+    With a vector scale, leading axes of ``z``, ``loc`` and ``scale`` are batch axes (one
+    Gaussian per row) and the result has their broadcast batch shape.
+    """
     white = _whiten(z, loc, scale)
     dim = z.shape[-1]
-    return -0.5 * jnp.sum(white**2) - _log_det_scale(scale) - 0.5 * dim * _LOG_2PI
+    return -0.5 * jnp.sum(white**2, axis=-1) - _log_det_scale(scale, _is_full_rank(scale, loc)) - 0.5 * dim * _LOG_2PI
 
 
 def gaussian_grad_logpdf(z: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
     """∇_z log N(z | loc, ·) = -Σ_q⁻¹ (z - loc), by triangular solves for full rank."""
-    if _is_full_rank(scale):
+    if _is_full_rank(scale, loc):
         white = solve_triangular(scale, z - loc, lower=True)
         return -solve_triangular(scale.T, white, lower=False)
     return -(z - loc) / scale**2
@@ -76,10 +82,12 @@ def bridge_gaussian(
     multiplied by ``exp(β · log_scale_slope)`` (affine on the log scale, so it stays
     positive). For a full-rank q the rows of the Cholesky factor are scaled, which keeps
     it lower triangular. At β = 0 this is q itself, and with zero slopes it is q for
-    every β (the plain bridge q^(1-β) p̄^β).
+    every β (the plain bridge q^(1-β) p̄^β). A ``beta`` with a batch shape (one β per
+    row of a batch of mean-field Gaussians) multiplies each row.
     """
+    beta = jnp.expand_dims(beta, -1)
     new_loc = loc + beta * loc_slope
     factor = jnp.exp(beta * log_scale_slope)
-    if _is_full_rank(scale):
+    if _is_full_rank(scale, loc):
         return new_loc, factor[:, None] * scale
     return new_loc, factor * scale

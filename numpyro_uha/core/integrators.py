@@ -59,7 +59,7 @@ class IntegratorState(NamedTuple):
 
 def kinetic_log_density(momentum: jax.Array, momentum_scale: jax.Array) -> jax.Array:
     """log S(ρ) up to the constant that cancels in every ratio S(ρ₁)/S(ρ₂)."""
-    return -0.5 * jnp.sum((momentum / momentum_scale) ** 2)
+    return -0.5 * jnp.sum((momentum / momentum_scale) ** 2, axis=-1)
 
 
 def leapfrog(
@@ -75,7 +75,7 @@ def leapfrog(
 
     Args:
         state: current :class:`IntegratorState`.
-        step_size: ε, scalar.
+        step_size: ε, a scalar (for a batch of chains with their own ε, shape ``(B, 1)``).
         momentum_scale: sqrt of the diagonal of Σ, shape ``(d,)``.
         target_value_and_grad: z ↦ (log p̄(z), ∇ log p̄(z)).
         bridge_grad: (z, ∇ log p̄(z)) ↦ ∇ log π(z), the gradient of the density being
@@ -121,7 +121,7 @@ def drift_kick_drift(
     Args:
         position: z, shape ``(d,)``.
         momentum: ρ, shape ``(d,)``.
-        step_size: ε, scalar.
+        step_size: ε, a scalar (for a batch of chains with their own ε, shape ``(B, 1)``).
         momentum_scale: sqrt of the diagonal of Σ, shape ``(d,)``.
         target_grad: z ↦ ∇ log p̄(z), evaluated once per step, at the midpoint.
         bridge_grad: (z, ∇ log p̄(z)) ↦ ∇ log π(z).

@@ -19,13 +19,13 @@ __all__ = [
 
 
 def betas_from_logits(logits: jax.Array) -> jax.Array:
-    """β_1..β_K from K + 1 unconstrained logits.
+    """β_1..β_K from K + 1 unconstrained logits (leading axes: one schedule per row).
 
     The K + 1 gaps β_{m+1} - β_m are ``softmax(logits)``: positive and summing to one, so
     the schedule is strictly increasing from β_0 = 0 to β_{K+1} = 1. Zero logits give the
     linear schedule β_m = m / (K + 1).
     """
-    return jnp.cumsum(jax.nn.softmax(logits))[:-1]
+    return jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)[..., :-1]
 
 
 def logits_from_betas(betas: jax.Array) -> jax.Array:

@@ -1,0 +1,756 @@
+"""UHA for local latent variables, with data subsampling and amortization.
+
+:class:`UHALocalGuide` is for models with one plate of local latent variables, the shape
+NumPyro users write for one latent per data point (mixed models with many groups,
+variational autoencoders) and for data too large for full-batch gradients::
+
+    def model(x_batch, num_data):
+        theta = numpyro.sample("theta", ...)                    # global latents
+        with numpyro.plate("data", num_data, subsample_size=len(x_batch)):
+            z = numpyro.sample("z", ...)                        # local latents
+            numpyro.sample("x", ..., obs=x_batch)
+
+Every data point i of a minibatch gets its own UHA chain (``core.uha_sample_rows``) on
+log p(x_i, z_i | globals) (plus the Jacobian of z_i's unconstraining map), from its
+initial Gaussian q_i: per-data-point parameters (subsampled with the plate) or an
+**encoder**, any callable x_i ↦ (μ_i, σ_i) (amortized). The annealing parameters ε(β), η,
+Σ, β, ψ, δ are shared by the data points, or per data point with
+``per_data_point=True``. The global latents are left to any NumPyro guide (default
+:class:`~numpyro.infer.autoguide.AutoNormal` on the model with the plate's sites hidden).
+
+The guide's density is the augmented proposal of the paper for every chain, inside the
+plate, so NumPyro's ``Trace_ELBO`` scales the minibatch terms by N/B (the plate does it)
+and its loss is an unbiased estimate of the full-data bound
+
+    E_q(θ)[ log p(θ) − log q(θ) + Σ_{i=1}^N log w_i(θ) ],
+
+the paper's UHA bound for each data point's local latents given the globals (the
+"locally enhanced bound" of Geffner & Domke, 2022), which is at least the plain ELBO of
+the same q and tightens with K. It is the paper's Section 5.4 setting with a decoder's
+weights as ``numpyro.param`` sites of the model.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from numpyro import handlers
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+from numpyro.infer.autoguide import AutoGuide, AutoNormal
+from numpyro.infer.initialization import init_to_median
+import numpyro.distributions as dist
+
+from numpyro_uha.core import (
+    AnnealingParams,
+    betas_from_logits,
+    check_integrator,
+    hais_sample_rows,
+    step_sizes_from_beta,
+    uha_sample_rows,
+)
+from numpyro_uha.guide import GROUPS, _check_int, _real
+
+__all__ = ["UHALocalGuide"]
+
+#: The groups ``per_data_point=True`` makes per data point (q always is, or is amortized).
+ANNEALING_GROUPS = tuple(g for g in GROUPS if g != "q")
+
+
+class UHALocalGuide(AutoGuide):
+    r"""UHA for the local latent variables of one subsampled plate; globals by any guide.
+
+    Usage (a VAE: no global latents, the decoder's weights are ``numpyro.param`` sites of
+    the model, the encoder's are registered by the encoder)::
+
+        guide = UHALocalGuide(vae_model, K=16, encoder=encoder)
+        svi = SVI(vae_model, guide, optax.adam(1e-4), Trace_ELBO())
+        state = svi.init(rng_key, x_batch, num_data)
+        state, loss = svi.update(state, x_next_batch, num_data)
+
+    Args:
+        model: a NumPyro model with exactly one plate of local latent variables (a
+            plate with ``subsample_size``, or the one named by ``subsample_plate``). Every
+            latent site inside it is local and must be continuous; every latent site
+            outside it is global.
+        K: annealing transitions per data point (≥ 1).
+        encoder: ``None`` (q_i's mean and scale are parameters of shape ``(N, d)``,
+            subsampled with the plate) or a callable called inside the guide with the
+            minibatch's observed values in the plate (the array, for one observed site;
+            a dict by site name for several) and returning ``(loc, scale)`` of shape
+            ``(B, d)``, d the number of unconstrained local coordinates per data point,
+            in the order the model samples its local sites. It may register its
+            weights with ``numpyro.param`` or ``numpyro.contrib.module`` (Flax, Haiku,
+            Equinox), as a NumPyro guide would.
+        global_guide: the guide of the global latents: ``None`` (an ``AutoNormal``), an
+            ``AutoGuide`` class or any callable ``model -> guide`` (called with the model
+            with the plate's sites hidden), or a guide instance the user built (on a
+            model without the plate's sites). Ignored when the model has no global
+            latents.
+        subsample_plate: the local plate's name, needed when no plate (or more than one)
+            has ``subsample_size`` smaller than its size.
+        per_data_point: give each data point its own annealing parameters (ε, its slope,
+            η, Σ, β, ψ, δ: shape ``(N, ...)``, subsampled with the plate) instead of
+            shared ones.
+        prefix: prefix of the guide's ``numpyro.param`` names.
+        init_scale: initial sd of q_i (without an encoder).
+        init_step_size: initial ε, in (0, ``max_step_size``).
+        max_step_size: ε_max; every ε(β_m) stays in (0, ε_max) (the paper caps ε at
+            0.05 for its VAEs).
+        init_damping: initial η in (0, 1).
+        frozen: groups that are not learned, as for :class:`~numpyro_uha.UHAGuide`
+            (``"q"``, ``"step_size"``, ``"step_size_slope"``, ``"damping"``,
+            ``"momentum"``, ``"schedule"``, ``"bridge"``, ``"drift"``); freeze an
+            encoder's or decoder's weights with the optimizer (e.g.
+            ``optax.multi_transform``).
+        num_leapfrog_steps: L, leapfrog steps per transition.
+        integrator: ``"position_verlet"`` (default) or ``"velocity_verlet"``.
+        remat: rematerialize each transition in the backward pass.
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        K: int = 8,
+        encoder=None,
+        global_guide=None,
+        subsample_plate: str | None = None,
+        per_data_point: bool = False,
+        prefix: str = "local",
+        init_scale: float = 0.1,
+        init_step_size: float = 0.02,
+        max_step_size: float = 0.2,
+        init_damping: float = 0.9,
+        frozen=(),
+        num_leapfrog_steps: int = 1,
+        integrator: str = "position_verlet",
+        remat: bool = False,
+    ):
+        _check_int("K", K, 1)
+        _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
+        check_integrator(integrator)
+        max_step_size = _real("max_step_size", max_step_size)
+        init_step_size = _real("init_step_size", init_step_size)
+        init_damping = _real("init_damping", init_damping)
+        init_scale = _real("init_scale", init_scale)
+        if not max_step_size > 0:
+            raise ValueError(f"max_step_size must be a positive number, got {max_step_size!r}.")
+        if not 0 < init_step_size < max_step_size:
+            raise ValueError(
+                "init_step_size must satisfy 0 < init_step_size < max_step_size "
+                f"(= {max_step_size}), got {init_step_size!r}."
+            )
+        if not 0 < init_damping < 1:
+            raise ValueError(f"init_damping (η) must be in (0, 1), got {init_damping!r}.")
+        if not init_scale > 0:
+            raise ValueError(f"init_scale must be a positive number, got {init_scale!r}.")
+        if encoder is not None and not callable(encoder):
+            raise TypeError(
+                f"encoder must be a callable x -> (loc, scale), got {type(encoder).__name__}."
+            )
+        if isinstance(frozen, str):
+            frozen = (frozen,)
+        unknown = sorted(set(frozen) - set(GROUPS))
+        if unknown:
+            raise ValueError(
+                f"Unknown parameter group(s) in frozen: {unknown}. "
+                f"Valid groups are {sorted(GROUPS)}."
+            )
+        self.K = K
+        self.encoder = encoder
+        self._global_guide_arg = global_guide
+        self.global_guide = None
+        self.subsample_plate = subsample_plate
+        self.per_data_point = bool(per_data_point)
+        self.init_scale = init_scale
+        self.init_step_size = init_step_size
+        self.max_step_size = max_step_size
+        self.init_damping = init_damping
+        self.frozen = frozenset(frozen)
+        self.num_leapfrog_steps = num_leapfrog_steps
+        self.integrator = integrator
+        self.remat = remat
+        super().__init__(model, prefix=prefix, init_loc_fn=init_to_median)
+
+    # ------------------------------------------------------------------ setup
+    def _setup_prototype(self, *args, **kwargs):
+        rng_key = numpyro.prng_key()
+        if rng_key is None:
+            rng_key = jax.random.PRNGKey(0)
+        with handlers.block():
+            trace = handlers.trace(handlers.seed(self.model, rng_key)).get_trace(*args, **kwargs)
+        self.prototype_trace = trace
+        name, size, subsample_size, dim = self._find_plate(trace)
+        self._plate_name = name
+        self._plate_dim = dim
+        sites_in = {
+            n: s for n, s in trace.items()
+            if s["type"] == "sample" and any(f.name == name for f in s["cond_indep_stack"])
+        }
+        self._local_sites = [n for n, s in sites_in.items() if not s["is_observed"]]
+        self._observed_sites = [n for n, s in sites_in.items() if s["is_observed"]]
+        global_latents = [
+            n for n, s in trace.items()
+            if s["type"] == "sample" and not s["is_observed"] and n not in sites_in
+        ]
+        if not self._local_sites:
+            raise ValueError(
+                f"UHALocalGuide: the plate '{name}' has no latent sample sites; it is for "
+                "models with one latent variable (or several) per data point. Use "
+                "UHAGuide for models with global latents only."
+            )
+        for n in self._local_sites:
+            site = trace[n]
+            if site["fn"].support.is_discrete:
+                raise ValueError(
+                    f"UHALocalGuide: local site '{n}' is discrete ({type(site['fn']).__name__}); "
+                    "UHA needs continuous latent variables. Marginalize it out (e.g. with "
+                    "numpyro.contrib.funsor's enumeration in the model) or make it continuous."
+                )
+            inner = [
+                f.name for f in site["cond_indep_stack"]
+                if f.name != name and f.size is not None
+                and trace.get(f.name, {}).get("args", (None, None))[1] not in (None, f.size)
+            ]
+            if inner:
+                raise ValueError(
+                    f"UHALocalGuide: local site '{n}' is in a second subsampled plate "
+                    f"{inner}; only one plate may be subsampled."
+                )
+        for n in global_latents:
+            if trace[n]["fn"].support.is_discrete:
+                raise ValueError(
+                    f"UHALocalGuide: global site '{n}' is discrete; the global guide needs "
+                    "continuous latent variables."
+                )
+        self._global_latents = global_latents
+        self._model_param_sites = {n: s for n, s in trace.items() if s["type"] == "param"}
+        # the layout of one data point's unconstrained local coordinates
+        layout, offset = [], 0
+        for n in self._local_sites:
+            site = trace[n]
+            axis = self._row_axis(site)
+            value = site["value"]
+            transform = biject_to(site["fn"].support)
+            unconstrained = transform.inv(value)
+            per_row = jnp.moveaxis(unconstrained, axis, 0).shape[1:]
+            width = int(np.prod(per_row, dtype=int))
+            layout.append((n, axis, per_row, offset, width, unconstrained.shape))
+            offset += width
+        self._layout = layout
+        self.latent_dim = offset
+        dtype = jnp.result_type(float)
+        # q_i starts at the prior median of each local (unconstrained), for every data point
+        with handlers.block():
+            start = handlers.trace(
+                handlers.seed(
+                    handlers.substitute(self.model, self._median_values(trace, rng_key)), rng_key
+                )
+            ).get_trace(*args, **kwargs)
+        row = self._pack({n: biject_to(start[n]["fn"].support).inv(start[n]["value"])
+                          for n in self._local_sites})
+        self._init_loc_row = jnp.where(jnp.isfinite(row), row, 0.0).mean(0).astype(dtype)
+        self._check_no_batch_sized_globals(trace, global_latents, size, subsample_size)
+        if self._global_latents:
+            self.global_guide = self._make_global_guide()
+        self._init_values = self._initial_values(dtype)
+
+    def _find_plate(self, trace):
+        plates = {n: s for n, s in trace.items() if s["type"] == "plate"}
+        subsampled = {
+            n: s for n, s in plates.items()
+            if s["args"][1] is not None and s["args"][1] < s["args"][0]
+        }
+        if self.subsample_plate is not None:
+            if self.subsample_plate not in plates:
+                raise ValueError(
+                    f"UHALocalGuide: subsample_plate='{self.subsample_plate}' is not a plate "
+                    f"of the model; its plates are {sorted(plates)}."
+                )
+            others = sorted(set(subsampled) - {self.subsample_plate})
+            if others:
+                raise ValueError(
+                    f"UHALocalGuide: the model subsamples plates {others} besides "
+                    f"'{self.subsample_plate}'; only one plate may be subsampled."
+                )
+            chosen = self.subsample_plate
+        elif len(subsampled) == 1:
+            chosen = next(iter(subsampled))
+        elif len(subsampled) > 1:
+            raise ValueError(
+                f"UHALocalGuide: the model subsamples {len(subsampled)} plates "
+                f"{sorted(subsampled)}; only one plate of local latents may be subsampled."
+            )
+        elif len(plates) == 1:  # full data, one plate: that is the data plate
+            chosen = next(iter(plates))
+        else:
+            raise ValueError(
+                "UHALocalGuide: no plate with subsample_size < size found; name the plate of "
+                f"local latents with subsample_plate= (the model's plates: {sorted(plates)})."
+            )
+        size, subsample_size = trace[chosen]["args"][:2]
+        if subsample_size is None:
+            subsample_size = size
+        dims = {
+            f.dim for s in trace.values() if s["type"] == "sample"
+            for f in s["cond_indep_stack"] if f.name == chosen
+        }
+        if len(dims) != 1:
+            raise ValueError(f"UHALocalGuide: no sample site is inside the plate '{chosen}'.")
+        return chosen, size, subsample_size, dims.pop()
+
+    def _check_no_batch_sized_globals(self, trace, global_latents, size, subsample_size):
+        """A latent outside the plate that runs over its data points is a mistake."""
+        for n in global_latents:
+            site = trace[n]
+            batch = tuple(site["fn"].batch_shape)
+            pos = len(batch) + self._plate_dim
+            if pos < 0:
+                continue
+            if subsample_size < size and batch[pos] == subsample_size:
+                raise ValueError(
+                    f"UHALocalGuide: latent site '{n}' has the minibatch's size "
+                    f"({subsample_size}) along the plate's dim ({self._plate_dim}) but is "
+                    f"sampled outside the plate '{self._plate_name}': sample local latent "
+                    f"variables inside `with numpyro.plate('{self._plate_name}', ...)`."
+                )
+            if batch[pos] == size and size > 1:
+                warnings.warn(
+                    f"UHALocalGuide: latent site '{n}' has the plate's size ({size}) along "
+                    f"its dim but is sampled outside the plate '{self._plate_name}', so it is "
+                    "treated as a global latent (one Gaussian over all of it, no annealing). "
+                    "If it is one latent per data point, sample it inside the plate.",
+                    UserWarning,
+                    stacklevel=4,
+                )
+
+    def _sizes(self, args, kwargs):
+        """The plate's (size, subsample size) in this call (the data may change size)."""
+        with handlers.block():
+            trace = handlers.trace(handlers.seed(self.model, 0)).get_trace(*args, **kwargs)
+        if self._plate_name not in trace:
+            raise ValueError(
+                f"UHALocalGuide: the model no longer has the plate '{self._plate_name}'."
+            )
+        size, subsample_size = trace[self._plate_name]["args"][:2]
+        return size, size if subsample_size is None else subsample_size
+
+    def _row_axis(self, site):
+        """The axis of a site's value that runs over the plate's data points."""
+        return self._plate_dim - site["fn"].event_dim
+
+    def _median_values(self, trace, rng_key):
+        """Each local site's prior median (from draws; its prototype value if it has
+        none), so that q_i starts in the bulk of the prior."""
+        values = {}
+        for n in self._local_sites:
+            fn = trace[n]["fn"]
+            try:
+                values[n] = jnp.median(fn.sample(rng_key, (31,)), axis=0)
+            except Exception:  # noqa: BLE001 - a distribution that cannot be sampled
+                values[n] = trace[n]["value"]
+        return values
+
+    def _make_global_guide(self):
+        hidden = handlers.block(
+            self.model, hide=list(self._local_sites) + list(self._observed_sites)
+        )
+        choice = self._global_guide_arg
+        if choice is None:
+            return AutoNormal(hidden, prefix=f"{self.prefix}_global")
+        if isinstance(choice, type) and issubclass(choice, AutoGuide):
+            return choice(hidden, prefix=f"{self.prefix}_global")
+        if isinstance(choice, AutoGuide) or not callable(choice):
+            return choice
+        return choice(hidden)
+
+    def _initial_values(self, dtype):
+        d, K = self.latent_dim, self.K
+        shared = {
+            "step_size": jnp.asarray(self.init_step_size, dtype),
+            "step_size_slope": jnp.zeros((), dtype),
+            "damping": jnp.asarray(self.init_damping, dtype),
+            "momentum_scale": jnp.ones(d, dtype),
+            "beta_logits": jnp.zeros(K + 1, dtype),
+            "bridge_loc_slope": jnp.zeros(d, dtype),
+            "bridge_log_scale_slope": jnp.zeros(d, dtype),
+            "drift_scale": jnp.ones(d, dtype),
+        }
+        return shared
+
+    def _specs(self):
+        return {
+            "step_size": constraints.interval(0.0, self.max_step_size),
+            "step_size_slope": constraints.real,
+            "damping": constraints.interval(0.0, 1.0),
+            "momentum_scale": constraints.positive,
+            "beta_logits": constraints.real,
+            "bridge_loc_slope": constraints.real,
+            "bridge_log_scale_slope": constraints.real,
+            "drift_scale": constraints.positive,
+        }
+
+    def _learnable(self, short):
+        return not any(short in GROUPS[g] for g in self.frozen)
+
+    def _param(self, short, init, constraint, event_dim=None):
+        value = numpyro.param(
+            f"{self.prefix}_{short}", init, constraint=constraint, event_dim=event_dim
+        )
+        return value if self._learnable(short) else jax.lax.stop_gradient(value)
+
+    # ------------------------------------------------------------- packing
+    def _pack(self, unconstrained):
+        """Per-site unconstrained values (data axis where the model puts it) → (B, d)."""
+        rows = []
+        for n, axis, per_row, _, width, _ in self._layout:
+            value = jnp.moveaxis(unconstrained[n], axis, 0)
+            rows.append(jnp.reshape(value, (value.shape[0], width)))
+        return jnp.concatenate(rows, axis=-1)
+
+    def _unpack(self, rows):
+        """(B, d) → per-site unconstrained values in the model's shapes."""
+        out = {}
+        for n, axis, per_row, offset, width, _ in self._layout:
+            value = jnp.reshape(rows[:, offset:offset + width], (rows.shape[0],) + per_row)
+            out[n] = jnp.moveaxis(value, 0, axis)
+        return out
+
+    def _constrain(self, rows):
+        """(B, d) unconstrained → constrained site values and the rows' log |det J|."""
+        values, log_det = {}, jnp.zeros(rows.shape[0], rows.dtype)
+        for n, u in self._unpack(rows).items():
+            site = self.prototype_trace[n]
+            transform = biject_to(site["fn"].support)
+            value = transform(u)
+            values[n] = value
+            ladj = transform.log_abs_det_jacobian(u, value)
+            log_det = log_det + self._per_row(ladj, rows.shape[0])
+        return values, log_det
+
+    def _per_row(self, log_prob, subsample_size):
+        """Sum a site's log density (its batch shape) over all but the data axis → (B,)."""
+        axis = self._plate_dim
+        shape = _with_axis(jnp.shape(log_prob), axis, subsample_size)
+        log_prob = jnp.moveaxis(jnp.broadcast_to(log_prob, shape), axis, 0)
+        return jnp.sum(jnp.reshape(log_prob, (subsample_size, -1)), axis=-1)
+
+    # -------------------------------------------------------- log density
+    def _rows_logdensity(self, args, kwargs, global_values, model_params, idx, size):
+        """Z (B, d) ↦ (log p(x_i, z_i | globals) + log|det J_i|)_i, one model run for all."""
+        plate_name, subsample_size = self._plate_name, idx.shape[0]
+        plate_scale = size / subsample_size
+
+        def logdensity(rows):
+            values, log_det = self._constrain(rows)
+            data = {**global_values, **values, **model_params, plate_name: idx}
+            with handlers.block():
+                trace = handlers.trace(handlers.substitute(self.model, data=data)).get_trace(
+                    *args, **kwargs
+                )
+            total = log_det
+            for n in self._local_sites + self._observed_sites:
+                site = trace[n]
+                log_prob = site["fn"].log_prob(site["value"])
+                if site.get("mask") is not None:
+                    log_prob = jnp.where(site["mask"], log_prob, 0.0)
+                if site.get("scale") is not None:
+                    # the plate's N/B belongs to the minibatch bound, not to one chain
+                    log_prob = log_prob * (site["scale"] / plate_scale)
+                total = total + self._per_row(log_prob, subsample_size)
+            return total
+
+        return logdensity
+
+    def get_logdensity_fn(self, params, *args, subsample_idx=None, global_values=None, **kwargs):
+        """The rows' target ``Z (B, d) ↦ (B,)`` for trained ``params``, the globals fixed
+        at ``global_values`` (constrained, by site name), for the data points
+        ``subsample_idx`` (default: all, when the model does not subsample)."""
+        self._require_setup()
+        size, subsample_size = self._sizes(args, kwargs)
+        idx = self._subsample(subsample_idx, size, subsample_size)
+        return self._rows_logdensity(
+            args, kwargs, self._check_globals(global_values), self._model_params_in(params), idx,
+            size,
+        )
+
+    def get_annealing_params(self, params, *args, subsample_idx=None, **kwargs):
+        """The core's per-row :class:`~numpyro_uha.core.AnnealingParams` (q_i from the
+        parameters or the encoder) of the data points ``subsample_idx``: what
+        ``core.uha_sample_rows`` runs on with :meth:`get_logdensity_fn`."""
+        self._require_setup()
+        idx = self._subsample(subsample_idx, *self._sizes(args, kwargs))
+
+        def body(*args, **kwargs):
+            return self._body(args, kwargs, annealing_only=True)
+
+        with handlers.block():
+            annealing, _ = handlers.substitute(
+                handlers.seed(body, 0), data={**params, self._plate_name: idx}
+            )(*args, **kwargs)
+        return annealing
+
+    def _model_params_in(self, params):
+        return {n: params[n] for n in self._model_param_sites if n in params}
+
+    def _check_globals(self, global_values):
+        global_values = {} if global_values is None else dict(global_values)
+        missing = sorted(set(self._global_latents) - set(global_values))
+        if missing:
+            raise ValueError(
+                f"UHALocalGuide: global_values lacks the global latent site(s) {missing}."
+            )
+        return global_values
+
+    def _subsample(self, subsample_idx, size, subsample_size):
+        plate_name = self._plate_name
+        if subsample_idx is None:
+            if subsample_size != size:
+                raise ValueError(
+                    f"UHALocalGuide: the plate '{plate_name}' subsamples {subsample_size} of "
+                    f"{size} data points; pass subsample_idx= (an integer array of length "
+                    f"{subsample_size}) to say which."
+                )
+            return jnp.arange(size)
+        idx = jnp.asarray(subsample_idx)
+        if idx.shape != (subsample_size,) or not jnp.issubdtype(idx.dtype, jnp.integer):
+            raise ValueError(
+                f"UHALocalGuide: subsample_idx must be an integer array of shape "
+                f"({subsample_size},), got {idx.dtype} {idx.shape}."
+            )
+        return idx
+
+    def _require_setup(self):
+        if self.prototype_trace is None:
+            raise RuntimeError(
+                "UHALocalGuide has not been initialized: run svi.init(...)/svi.run(...) or "
+                "call the guide once with the model's arguments first."
+            )
+
+    # ----------------------------------------------------------------- guide
+    def _annealing(self, values, loc, scale):
+        """The core's per-row parameters from the registered values."""
+        betas = betas_from_logits(values["beta_logits"])
+        step = values["step_size"]
+        slope = values["step_size_slope"]
+        step_sizes = step_sizes_from_beta(
+            betas, jnp.expand_dims(step, -1), jnp.expand_dims(slope, -1), self.max_step_size
+        )
+        return AnnealingParams(
+            loc=loc,
+            scale=scale,
+            betas=betas,
+            step_sizes=step_sizes,
+            damping=values["damping"],
+            momentum_scale=values["momentum_scale"],
+            bridge_loc_slope=values["bridge_loc_slope"],
+            bridge_log_scale_slope=values["bridge_log_scale_slope"],
+            drift_scale=values["drift_scale"],
+        )
+
+    def _encoder_input(self, args, kwargs, global_values, model_params, idx):
+        plate_name = self._plate_name
+        data = {**global_values, **model_params, plate_name: idx}
+        with handlers.block():
+            trace = handlers.trace(
+                handlers.seed(handlers.substitute(self.model, data=data), 0)
+            ).get_trace(*args, **kwargs)
+        observed = {n: trace[n]["value"] for n in self._observed_sites}
+        if len(observed) == 1:
+            return next(iter(observed.values()))
+        return observed
+
+    def _q(self, args, kwargs, global_values, model_params, idx, size):
+        subsample_size = idx.shape[0]
+        d = self.latent_dim
+        if self.encoder is None:
+            loc = self._param(
+                "loc", jnp.broadcast_to(self._init_loc_row, (size, d)), constraints.real, 1
+            )
+            scale = self._param(
+                "scale", jnp.full((size, d), self.init_scale, self._init_loc_row.dtype),
+                constraints.softplus_positive, 1,
+            )
+            return loc, scale
+        inputs = self._encoder_input(args, kwargs, global_values, model_params, idx)
+        loc, scale = self.encoder(inputs)
+        loc, scale = jnp.asarray(loc), jnp.asarray(scale)
+        if loc.shape != (subsample_size, d) or scale.shape != (subsample_size, d):
+            raise ValueError(
+                f"UHALocalGuide: the encoder must return loc and scale of shape "
+                f"({subsample_size}, {d}) (data points in the minibatch, unconstrained local "
+                f"coordinates per data point), got {loc.shape} and {scale.shape}."
+            )
+        return loc, scale
+
+    def _body(self, args, kwargs, corrected=False, annealing_only=False):
+        """The guide: global guide, then every data point's chain inside the plate.
+
+        Returns the latent values (constrained, by site name) and the rows' log weights.
+        """
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        global_values = self.global_guide(*args, **kwargs) if self.global_guide else {}
+        global_values = {n: global_values[n] for n in self._global_latents}
+        model_params = {
+            n: numpyro.param(n, s["value"], **s["kwargs"])
+            for n, s in self._model_param_sites.items()
+        }
+        plate_name = self._plate_name
+        size, subsample_size = self._sizes(args, kwargs)
+        specs = self._specs()
+        values = {}
+        if not self.per_data_point:
+            values = {s: self._param(s, v, specs[s]) for s, v in self._init_values.items()}
+        rng_key = numpyro.prng_key()
+        if rng_key is None:
+            raise RuntimeError(
+                "UHALocalGuide needs a random key: run it under numpyro.handlers.seed (SVI, "
+                "Predictive and sample_posterior do this for you)."
+            )
+        with numpyro.plate(plate_name, size, subsample_size=subsample_size) as idx:
+            if self.per_data_point:
+                values = {
+                    s: self._param(
+                        s, jnp.broadcast_to(v, (size,) + v.shape), specs[s], jnp.ndim(v)
+                    )
+                    for s, v in self._init_values.items()
+                }
+            loc, scale = self._q(args, kwargs, global_values, model_params, idx, size)
+            annealing = self._annealing(values, loc, scale)
+            if annealing_only:
+                return annealing, idx
+            logdensity = self._rows_logdensity(
+                args, kwargs, global_values, model_params, idx, size
+            )
+            keys = jax.random.split(rng_key, subsample_size)
+            if corrected:
+                rows, log_weight, info = hais_sample_rows(
+                    keys, logdensity, annealing, num_leapfrog_steps=self.num_leapfrog_steps,
+                    integrator=self.integrator,
+                )
+            else:
+                rows, log_weight, info = uha_sample_rows(
+                    keys, logdensity, annealing, num_leapfrog_steps=self.num_leapfrog_steps,
+                    integrator=self.integrator, remat=self.remat,
+                )
+            local_values, log_det = self._constrain(rows)
+            # Trace_ELBO adds log p(x_i, z_i | θ) from the model's trace (scaled N/B by the
+            # plate, like this factor); the factor is the rest of chain i's augmented
+            # proposal density (in constrained space: minus the Jacobian), so the
+            # per-point ELBO is exactly its UHA log weight.
+            factor = info.log_q_initial - jnp.sum(info.log_weight_increments, axis=-1) - log_det
+            numpyro.factor(f"_{self.prefix}_uha_factor", factor)
+            for n in self._local_sites:
+                event_dim = self.prototype_trace[n]["fn"].event_dim
+                numpyro.sample(n, dist.Delta(local_values[n], event_dim=event_dim))
+        return {**global_values, **local_values}, log_weight
+
+    def __call__(self, *args, **kwargs):
+        return self._body(args, kwargs)[0]
+
+    # ------------------------------------------------------------ sampling
+    def sample_posterior(
+        self, rng_key, params, *args, sample_shape=(), subsample_idx=None, **kwargs
+    ):
+        """Draws of every latent site (constrained) for the data points ``subsample_idx``.
+
+        Each draw runs the global guide and every data point's chain afresh. Without a
+        subsampled plate (``subsample_size`` equal to the plate's size) ``subsample_idx``
+        may be left out: all data points.
+        """
+        draws, _ = self._draws(rng_key, params, args, kwargs, sample_shape, subsample_idx)
+        return draws
+
+    def log_weights(
+        self, rng_key, params, *args, num_samples=1000, subsample_idx=None, corrected=False,
+        **kwargs,
+    ):
+        """Per-draw, per-data-point log weights ``(num_samples, B)`` (UHA, or Hamiltonian
+        AIS with ``corrected=True``), each data point's chain given the draw's globals."""
+        _check_int("num_samples", num_samples, 1)
+        _, log_w = self._draws(
+            rng_key, params, args, kwargs, (num_samples,), subsample_idx, corrected=corrected
+        )
+        return log_w
+
+    def log_z(
+        self, rng_key, params, *args, num_samples=1000, subsample_idx=None, corrected=False,
+        **kwargs,
+    ):
+        """log p(x_i) per data point, ``(estimate (B,), standard error (B,))``, and their
+        sum with its standard error: the importance-sampling estimate over
+        ``num_samples`` chains per data point (E[w_i] = p(x_i) for every parameter
+        value). For models without global latents (a VAE's test log-likelihood); with
+        global latents, p(x_i | globals) depends on the globals and this raises."""
+        if self._global_latents:
+            raise ValueError(
+                "UHALocalGuide.log_z: the model has global latent sites "
+                f"{self._global_latents}; per-data-point log Z is log p(x_i | globals). "
+                "Use log_weights(...) and fix the globals with numpyro.handlers.condition."
+            )
+        log_w = self.log_weights(
+            rng_key, params, *args, num_samples=num_samples, subsample_idx=subsample_idx,
+            corrected=corrected, **kwargs,
+        )
+        log_w = np.asarray(log_w, np.float64)
+        if not np.all(np.isfinite(log_w)):
+            bad = int(np.sum(~np.isfinite(log_w)))
+            raise FloatingPointError(
+                f"UHALocalGuide.log_z: {bad} of {log_w.size} log weights are NaN or inf."
+            )
+        top = log_w.max(axis=0)
+        w = np.exp(log_w - top)
+        mean = w.mean(axis=0)
+        estimate = top + np.log(mean)
+        # delta method: sd(log mean w) ≈ sd(w) / (sqrt(n) mean(w))
+        se = w.std(axis=0, ddof=1) / (math.sqrt(log_w.shape[0]) * mean)
+        return {
+            "log_z": estimate,
+            "se": se,
+            "total": float(estimate.sum()),
+            "total_se": float(np.sqrt(np.sum(se**2))),
+        }
+
+    def _draws(self, rng_key, params, args, kwargs, sample_shape, subsample_idx, corrected=False):
+        self._require_setup()
+        plate_name = self._plate_name
+        idx = self._subsample(subsample_idx, *self._sizes(args, kwargs))
+        sample_shape = tuple(sample_shape)
+        num = int(np.prod(sample_shape, dtype=int))
+
+        def body(*args, **kwargs):
+            return self._body(args, kwargs, corrected=corrected)
+
+        def one(key):
+            with handlers.block():
+                return handlers.substitute(
+                    handlers.seed(body, key), data={**params, plate_name: idx}
+                )(*args, **kwargs)
+
+        keys = jax.random.split(rng_key, max(num, 1))
+        draws, log_w = jax.vmap(one)(keys)
+        if not sample_shape:
+            return jax.tree.map(lambda x: x[0], draws), log_w[0]
+        return (
+            jax.tree.map(lambda x: jnp.reshape(x, sample_shape + x.shape[1:]), draws),
+            jnp.reshape(log_w, sample_shape + log_w.shape[1:]),
+        )
+
+
+def _with_axis(shape, axis, size):
+    """``shape`` with the data axis present (size 1 → ``size``), for broadcasting."""
+    shape = list(shape)
+    ndim = len(shape)
+    pos = axis if axis >= 0 else ndim + axis
+    if pos < 0:
+        shape = [1] * (-pos) + shape
+        pos = 0
+    shape[pos] = size
+    return tuple(shape)

@@ -249,7 +249,10 @@ def annealed_sample_rows(
             :func:`annealed_sample` takes) or per row, with a leading ``B`` axis
             (``betas``/``step_sizes`` ``(B, K)``, ``damping`` ``(B,)``, vectors
             ``(B, d)``).
-        num_leapfrog_steps, corrected, remat, integrator: as in :func:`annealed_sample`.
+        num_leapfrog_steps: as in :func:`annealed_sample`.
+        corrected: as in :func:`annealed_sample`.
+        remat: as in :func:`annealed_sample`.
+        integrator: as in :func:`annealed_sample`.
 
     Returns:
         ``(Z_{K+1}, log w, info)`` with a leading ``B`` axis on every array (``info``'s

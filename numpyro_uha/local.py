@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -54,9 +55,12 @@ from numpyro_uha.core import (
     step_sizes_from_beta,
     uha_sample_rows,
 )
-from numpyro_uha.guide import GROUPS, _check_int, _real
+from numpyro_uha.guide import GROUPS, _check_int, _merge_static, _real, _split_static
 
 __all__ = ["UHALocalGuide"]
+
+#: Chains (draws × data points) run together by the draw methods; bounds their memory.
+DRAW_ROWS = 65536
 
 #: The groups ``per_data_point=True`` makes per data point (q always is, or is amortized).
 ANNEALING_GROUPS = tuple(g for g in GROUPS if g != "q")
@@ -176,6 +180,7 @@ class UHALocalGuide(AutoGuide):
         self.num_leapfrog_steps = num_leapfrog_steps
         self.integrator = integrator
         self.remat = remat
+        self._jitted = {}
         super().__init__(model, prefix=prefix, init_loc_fn=init_to_median)
 
     # ------------------------------------------------------------------ setup
@@ -626,21 +631,13 @@ class UHALocalGuide(AutoGuide):
             annealing = self._annealing(values, loc, scale)
             if annealing_only:
                 return annealing, idx
-            logdensity = self._rows_logdensity(
-                args, kwargs, global_values, model_params, idx, size
-            )
             keys = jax.random.split(rng_key, subsample_size)
-            if corrected:
-                rows, log_weight, info = hais_sample_rows(
-                    keys, logdensity, annealing, num_leapfrog_steps=self.num_leapfrog_steps,
-                    integrator=self.integrator,
-                )
-            else:
-                rows, log_weight, info = uha_sample_rows(
-                    keys, logdensity, annealing, num_leapfrog_steps=self.num_leapfrog_steps,
-                    integrator=self.integrator, remat=self.remat,
-                )
-            local_values, log_det = self._constrain(rows)
+            # one compiled program per argument structure: run op by op (svi.init,
+            # Predictive), the chain's hundreds of operations would each be compiled
+            arrays, spec = _split_static((args, kwargs))
+            rows, log_weight, info, local_values, log_det = self._chain_program(
+                spec, size, corrected
+            )(keys, annealing, global_values, model_params, idx, arrays)
             # Trace_ELBO adds log p(x_i, z_i | θ) from the model's trace (scaled N/B by the
             # plate, like this factor); the factor is the rest of chain i's augmented
             # proposal density (in constrained space: minus the Jacobian), so the
@@ -654,6 +651,36 @@ class UHALocalGuide(AutoGuide):
 
     def __call__(self, *args, **kwargs):
         return self._body(args, kwargs)[0]
+
+    def _chain_program(self, spec, size, corrected):
+        impl = partial(self._chain_impl, spec=spec, size=size, corrected=corrected)
+        try:
+            key = ("chain", spec, size, corrected)
+            hash(key)
+        except TypeError:
+            return impl
+        if key not in self._jitted:
+            self._jitted[key] = jax.jit(impl)
+        return self._jitted[key]
+
+    def _chain_impl(
+        self, keys, annealing, global_values, model_params, idx, arrays, *, spec, size, corrected
+    ):
+        """Every data point's chain (and the constrained end points) for given inputs."""
+        args, kwargs = _merge_static(arrays, spec)
+        logdensity = self._rows_logdensity(args, kwargs, global_values, model_params, idx, size)
+        if corrected:
+            rows, log_weight, info = hais_sample_rows(
+                keys, logdensity, annealing, num_leapfrog_steps=self.num_leapfrog_steps,
+                integrator=self.integrator,
+            )
+        else:
+            rows, log_weight, info = uha_sample_rows(
+                keys, logdensity, annealing, num_leapfrog_steps=self.num_leapfrog_steps,
+                integrator=self.integrator, remat=self.remat,
+            )
+        local_values, log_det = self._constrain(rows)
+        return rows, log_weight, info, local_values, log_det
 
     # ------------------------------------------------------------ sampling
     def sample_posterior(
@@ -720,10 +747,35 @@ class UHALocalGuide(AutoGuide):
 
     def _draws(self, rng_key, params, args, kwargs, sample_shape, subsample_idx, corrected=False):
         self._require_setup()
-        plate_name = self._plate_name
         idx = self._subsample(subsample_idx, *self._sizes(args, kwargs))
         sample_shape = tuple(sample_shape)
-        num = int(np.prod(sample_shape, dtype=int))
+        num = max(int(np.prod(sample_shape, dtype=int)), 1)
+        arrays, spec = _split_static((args, kwargs))
+        draws, log_w = self._draws_program(spec, num, corrected, idx.shape[0])(
+            rng_key, params, idx, arrays
+        )
+        if not sample_shape:
+            return jax.tree.map(lambda x: x[0], draws), log_w[0]
+        return (
+            jax.tree.map(lambda x: jnp.reshape(x, sample_shape + x.shape[1:]), draws),
+            jnp.reshape(log_w, sample_shape + log_w.shape[1:]),
+        )
+
+    def _draws_program(self, spec, num, corrected, rows):
+        """The draws as one compiled program per argument structure and count (the
+        uncompiled function where the structure is not hashable)."""
+        impl = partial(self._draws_impl, spec=spec, num=num, corrected=corrected, rows=rows)
+        try:
+            key = (spec, num, corrected, rows)
+            hash(key)
+        except TypeError:
+            return impl
+        if key not in self._jitted:
+            self._jitted[key] = jax.jit(impl)
+        return self._jitted[key]
+
+    def _draws_impl(self, rng_key, params, idx, arrays, *, spec, num, corrected, rows):
+        args, kwargs = _merge_static(arrays, spec)
 
         def body(*args, **kwargs):
             return self._body(args, kwargs, corrected=corrected)
@@ -731,17 +783,18 @@ class UHALocalGuide(AutoGuide):
         def one(key):
             with handlers.block():
                 return handlers.substitute(
-                    handlers.seed(body, key), data={**params, plate_name: idx}
+                    handlers.seed(body, key), data={**params, self._plate_name: idx}
                 )(*args, **kwargs)
 
-        keys = jax.random.split(rng_key, max(num, 1))
-        draws, log_w = jax.vmap(one)(keys)
-        if not sample_shape:
-            return jax.tree.map(lambda x: x[0], draws), log_w[0]
-        return (
-            jax.tree.map(lambda x: jnp.reshape(x, sample_shape + x.shape[1:]), draws),
-            jnp.reshape(log_w, sample_shape + log_w.shape[1:]),
-        )
+        keys = jax.random.split(rng_key, num)
+        # draws in chunks of at most DRAW_ROWS chains (draws × data points) at once
+        chunk = max(1, min(num, DRAW_ROWS // max(rows, 1)))
+        return jax.lax.map(one, keys, batch_size=chunk)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_jitted"] = {}  # compiled programs do not pickle; rebuilt on first use
+        return state
 
 
 def _with_axis(shape, axis, size):

@@ -55,6 +55,7 @@ from numpyro_uha.core import (
     step_sizes_from_beta,
     uha_sample_rows,
 )
+from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import GROUPS, _check_int, _merge_static, _real, _split_static
 
 __all__ = ["UHALocalGuide"]
@@ -115,6 +116,13 @@ class UHALocalGuide(AutoGuide):
         num_leapfrog_steps: L, leapfrog steps per transition.
         integrator: ``"position_verlet"`` (default) or ``"velocity_verlet"``.
         remat: rematerialize each transition in the backward pass.
+        sharding: shard the minibatch's chains over devices: a
+            :class:`jax.sharding.Mesh` (the data-point axis is split over all its axes) or
+            a :class:`~jax.sharding.NamedSharding` of the leading axis. Each device runs
+            B / n data points' chains (B a multiple of n; otherwise the chains are not
+            constrained), the keys are split before sharding, so results do not depend
+            on the device count; parameters are replicated. Combine it with
+            :func:`~numpyro_uha.shard_particles` for several particles per step.
     """
 
     def __init__(
@@ -135,6 +143,7 @@ class UHALocalGuide(AutoGuide):
         num_leapfrog_steps: int = 1,
         integrator: str = "position_verlet",
         remat: bool = False,
+        sharding=None,
     ):
         _check_int("K", K, 1)
         _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
@@ -180,6 +189,7 @@ class UHALocalGuide(AutoGuide):
         self.num_leapfrog_steps = num_leapfrog_steps
         self.integrator = integrator
         self.remat = remat
+        self.sharding = leading_axis_sharding(sharding)
         self._jitted = {}
         super().__init__(model, prefix=prefix, init_loc_fn=init_to_median)
 
@@ -669,6 +679,19 @@ class UHALocalGuide(AutoGuide):
         """Every data point's chain (and the constrained end points) for given inputs."""
         args, kwargs = _merge_static(arrays, spec)
         logdensity = self._rows_logdensity(args, kwargs, global_values, model_params, idx, size)
+        rows_sharding = self.sharding
+        if rows_sharding is not None and keys.shape[0] % num_shards(rows_sharding):
+            rows_sharding = None  # an uneven minibatch runs unconstrained
+        if rows_sharding is not None:
+            # the data points' chains split over the devices (XLA partitions the model's
+            # evaluation on the minibatch accordingly); per-row parameters with them
+            num_rows = keys.shape[0]
+            keys = shard_leading(keys, rows_sharding)
+            annealing = jax.tree.map(
+                lambda a: shard_leading(a, rows_sharding)
+                if jnp.ndim(a) >= 1 and jnp.shape(a)[0] == num_rows else a,
+                annealing,
+            )
         if corrected:
             rows, log_weight, info = hais_sample_rows(
                 keys, logdensity, annealing, num_leapfrog_steps=self.num_leapfrog_steps,
@@ -679,6 +702,8 @@ class UHALocalGuide(AutoGuide):
                 keys, logdensity, annealing, num_leapfrog_steps=self.num_leapfrog_steps,
                 integrator=self.integrator, remat=self.remat,
             )
+        if rows_sharding is not None:
+            rows, log_weight = shard_leading((rows, log_weight), rows_sharding)
         local_values, log_det = self._constrain(rows)
         return rows, log_weight, info, local_values, log_det
 

@@ -6,6 +6,9 @@ are fixed at start-up, so each configuration runs in its own process.
 particles on one device and sharded over a mesh of all N, draws and estimates log Z
 both ways, and writes the results and what XLA compiled to ``OUT`` (JSON).
 
+``python tests/sharding_worker.py local OUT``: the same for ``UHALocalGuide``, its
+minibatch's chains sharded over the devices (one data point's chain per row).
+
 ``python tests/sharding_worker.py process OUT PROCESS_ID NUM_PROCESSES PORT``: one of
 ``NUM_PROCESSES`` processes (``jax.distributed.initialize`` on localhost, CPU
 collectives); together they estimate log Z with the draws sharded over every process's
@@ -116,8 +119,55 @@ def process(out, process_id, num_processes, port):
     }))
 
 
+def local(out):
+    import jax.numpy as jnp
+    import numpy as np
+    import numpyro
+    import numpyro.distributions as dist
+    import optax
+    from numpyro.infer import SVI, Trace_ELBO
+
+    from numpyro_uha import UHALocalGuide
+
+    num_data, batch = 24, 8
+    x = jnp.asarray(np.random.RandomState(0).randn(num_data).astype(np.float32) * 1.5)
+
+    def local_model(x, batch):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", num_data, subsample_size=batch) as idx:
+            z = numpyro.sample("z", dist.Normal(mu, 1.0))
+            # 5 observations per data point, so a per-device block is recognizable: [2,5]
+            numpyro.sample("x", dist.Normal(z, 0.5).expand([5, batch]), obs=jnp.tile(x[idx], (5, 1)))
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    result = {"device_count": jax.device_count()}
+    idx = jnp.arange(8, 16)
+    for name, sharding in (("single", None), ("sharded", mesh)):
+        guide = UHALocalGuide(local_model, K=3, sharding=sharding)
+        svi = SVI(local_model, guide, optax.adam(1e-2), Trace_ELBO())
+        run = svi.run(jax.random.PRNGKey(0), 20, x, batch, progress_bar=False)
+        draws = guide.sample_posterior(
+            jax.random.PRNGKey(1), run.params, x, batch, sample_shape=(16,), subsample_idx=idx
+        )
+        result[name] = {
+            "losses": np.asarray(run.losses).tolist(),
+            "z": np.asarray(draws["z"]).tolist(),
+            "mu": np.asarray(draws["mu"]).tolist(),
+        }
+        state = svi.init(jax.random.PRNGKey(0), x, batch)
+        text = jax.jit(svi.update, static_argnums=2).lower(state, x, batch).compile().as_text()
+        per_device = batch // jax.device_count()
+        result[name]["step_hlo"] = {
+            "per_device_rows": len(re.findall(rf"\[5,{per_device}\]", text)),
+            "all_rows": len(re.findall(rf"\[5,{batch}\]", text)),
+        }
+    Path(out).write_text(json.dumps(result))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "devices":
         devices(sys.argv[2])
+    elif sys.argv[1] == "local":
+        local(sys.argv[2])
     else:
         process(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

@@ -573,6 +573,9 @@ def _guide_positions(guide, params, posterior_samples, args, kwargs):
 def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int | None = None, **kwargs) -> LogZEstimate:
     """log Z estimates of a trained :class:`~numpyro_uha.UHAGuide` or any NumPyro AutoGuide.
 
+    For a :class:`~numpyro_uha.UHALocalGuide`, log p(x_i) per data point and summed
+    (:meth:`~numpyro_uha.UHALocalGuide.log_z`, a :class:`~numpyro_uha.local.LocalLogZ`).
+
     For a UHAGuide, runs ``num_draws`` UHA chains on the model with ``*args, **kwargs``
     (the data it was trained on). For any other AutoGuide (``AutoNormal``,
     ``AutoMultivariateNormal``, ``AutoDAIS``, ...), draws ``num_draws`` times from the
@@ -607,7 +610,11 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
     """
     from numpyro_uha.evaluation.logz import _autoguide_log_z
     from numpyro_uha.guide import UHAGuide
+    from numpyro_uha.local import UHALocalGuide
 
+    if isinstance(guide, UHALocalGuide):
+        # per data point (and summed): subsample_idx= picks the data points
+        return guide.log_z(rng_key, params, *args, num_samples=num_draws, **kwargs)
     if not isinstance(guide, UHAGuide):
         return _autoguide_log_z(
             guide, rng_key, params, *args, num_draws=num_draws,

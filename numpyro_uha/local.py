@@ -150,7 +150,9 @@ class UHALocalGuide(AutoGuide):
             (``"q"``, ``"step_size"``, ``"step_size_slope"``, ``"damping"``,
             ``"momentum"``, ``"schedule"``, ``"bridge"``, ``"drift"``); freeze an
             encoder's or decoder's weights with the optimizer (e.g.
-            ``optax.multi_transform``).
+            ``optax.multi_transform``). A frozen group gets a zero gradient, which
+            Adam turns into no update; a decoupled weight decay (``optax.adamw``) would
+            still shrink it, so mask it out of such an optimizer too.
         num_leapfrog_steps: L, leapfrog steps per transition.
         integrator: ``"position_verlet"`` (default) or ``"velocity_verlet"``.
         remat: rematerialize each transition in the backward pass.

@@ -171,7 +171,10 @@ def test_weights_are_unbiased_on_a_constrained_local():
     assert np.all(estimate.num_nonfinite == 0) and estimate.num_samples == 4000
 
 
-@pytest.mark.parametrize("model, data", [(gamma_poisson, COUNTS), (conjugate_model, X)])
+@pytest.mark.parametrize(
+    "model, data",
+    [(gamma_poisson, COUNTS), pytest.param(conjugate_model, X, marks=pytest.mark.slow)],
+)
 def test_the_loss_is_minus_the_scaled_sum_of_the_chains_log_weights(model, data):
     """Trace_ELBO's loss with the guide is exactly -(N/B) Σ_i log w_i (plus the global
     terms): the guide's factor and Delta sites make each point's ELBO its UHA weight."""

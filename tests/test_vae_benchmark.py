@@ -297,6 +297,7 @@ def test_early_stopping_keeps_the_best_parameters_and_stops_after_patience():
     assert result.validation == [(e, scores[e]) for e in range(6)]
 
 
+@pytest.mark.slow  # ~20 s; the smoke run trains every method too
 def test_training_improves_the_validation_bound():
     data = _toy_data(200)
     options = V.TrainOptions(epochs=3, batch_size=20, lr=1e-2)

@@ -80,9 +80,22 @@ def row_of(params, i, per_row):
 KEYS = jax.random.split(jax.random.PRNGKey(3), ROWS)
 
 
-@pytest.mark.parametrize("per_row", [False, True])
-@pytest.mark.parametrize("integrator", ["velocity_verlet", "position_verlet"])
-@pytest.mark.parametrize("corrected", [False, True])
+# Per-row parameters in every configuration; shared ones (the guide's default) once by
+# default, the other three with `pytest -m slow` (each case compiles in float64).
+_SHARED_SLOW = pytest.mark.slow
+CASES = [
+    (True, "velocity_verlet", False),
+    (True, "velocity_verlet", True),
+    (True, "position_verlet", False),
+    (True, "position_verlet", True),
+    (False, "position_verlet", False),
+    pytest.param(False, "velocity_verlet", False, marks=_SHARED_SLOW),
+    pytest.param(False, "velocity_verlet", True, marks=_SHARED_SLOW),
+    pytest.param(False, "position_verlet", True, marks=_SHARED_SLOW),
+]
+
+
+@pytest.mark.parametrize("per_row, integrator, corrected", CASES)
 def test_each_row_is_the_single_chain_with_its_key(per_row, integrator, corrected):
     # In float64: the corrected chains with large steps amplify float32 rounding (the joint
     # and the single evaluation round differently), which would hide a real difference.
@@ -116,7 +129,7 @@ def _check_rows_equal_single(per_row, integrator, corrected):
         assert 0 < float(jnp.mean(info.accepted)) < 1
 
 
-@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("per_row", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_reverse_rows_are_the_single_reverse_chains(per_row):
     with jax.enable_x64(True):
         _check_reverse_rows(per_row)
@@ -148,10 +161,13 @@ def test_rows_gradients_are_the_single_chains_gradients():
 
     def singles_total(step_sizes, loc):
         p = params._replace(step_sizes=step_sizes, loc=loc)
-        return sum(
-            annealed_sample(KEYS[i], lambda v, i=i: row_logdensity(v, X[i]), row_of(p, i, False))[1]
-            for i in range(ROWS)
-        )
+
+        def single(key, x, loc_i, scale_i):
+            row = p._replace(loc=loc_i, scale=scale_i)
+            return annealed_sample(key, lambda v: row_logdensity(v, x), row)[1]
+
+        # each row's own single-chain sampler, vectorized over rows by vmap
+        return jnp.sum(jax.vmap(single)(KEYS, X, p.loc, p.scale))
 
     g_rows = jax.grad(rows_total, argnums=(0, 1))(params.step_sizes, params.loc)
     g_single = jax.grad(singles_total, argnums=(0, 1))(params.step_sizes, params.loc)

@@ -331,13 +331,7 @@ class UHAGuide(AutoContinuous):
         init_step_size = _real("init_step_size", init_step_size)
         init_damping = _real("init_damping", init_damping)
         init_scale = _real("init_scale", init_scale)
-        if not max_step_size > 0:
-            raise ValueError(f"max_step_size must be a positive number, got {max_step_size!r}.")
-        if not 0 < init_step_size < max_step_size:
-            raise ValueError(
-                "init_step_size must satisfy 0 < init_step_size < max_step_size "
-                f"(= {max_step_size}), got {init_step_size!r}."
-            )
+        _check_step_sizes(init_step_size, max_step_size)
         if not 0 <= init_damping < 1:
             raise ValueError(f"init_damping (η) must be in [0, 1), got {init_damping!r}.")
         if not init_scale > 0:
@@ -346,14 +340,7 @@ class UHAGuide(AutoContinuous):
             raise ValueError(
                 f"warm_start_learning_rate must be positive, got {warm_start_learning_rate!r}."
             )
-        if isinstance(frozen, str):
-            frozen = (frozen,)
-        unknown = sorted(set(frozen) - set(GROUPS))
-        if unknown:
-            raise ValueError(
-                f"Unknown parameter group(s) in frozen: {unknown}. "
-                f"Valid groups are {sorted(GROUPS)}."
-            )
+        frozen = _check_frozen(frozen)
         self.K = K
         self.base_dist = base_dist
         self.num_leapfrog_steps = num_leapfrog_steps
@@ -545,15 +532,7 @@ class UHAGuide(AutoContinuous):
         """``impl`` with ``spec`` and ``static`` bound, jitted once per argument structure
         (``spec``) and options; not jitted where ``spec`` holds an unhashable static leaf
         (a model argument JAX cannot trace and Python cannot hash)."""
-        fn = partial(impl, spec=spec, **static)
-        key = (impl.__name__, spec, tuple(sorted(static.items())))
-        try:
-            hash(key)
-        except TypeError:
-            return fn
-        if key not in self._jitted_setup:
-            self._jitted_setup[key] = jax.jit(fn)
-        return self._jitted_setup[key]
+        return _jit_once(self._jitted_setup, impl, spec, **static)
 
     def _sample_program(self, spec):
         """``(rng_key, annealing, model_params, arrays) -> annealed_sample(...)``, one
@@ -1458,6 +1437,46 @@ def _stability_ceiling(lam, s):
 
 
 _split_keys = jax.jit(jax.random.split, static_argnums=1)
+
+
+def _jit_once(cache: dict, impl, spec, **static):
+    """``impl`` with ``spec`` and ``static`` bound, jitted once per argument structure
+    (``spec``) and options and kept in ``cache``; not jitted where ``spec`` holds an
+    unhashable static leaf (a model argument JAX cannot trace and Python cannot hash)."""
+    fn = partial(impl, spec=spec, **static)
+    key = (impl.__name__, spec, tuple(sorted(static.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return fn
+    if key not in cache:
+        cache[key] = jax.jit(fn)
+    return cache[key]
+
+
+def _check_step_sizes(init_step_size, max_step_size):
+    """A clear error unless 0 < init_step_size < max_step_size."""
+    if not max_step_size > 0:
+        raise ValueError(f"max_step_size must be a positive number, got {max_step_size!r}.")
+    if not 0 < init_step_size < max_step_size:
+        raise ValueError(
+            "init_step_size must satisfy 0 < init_step_size < max_step_size "
+            f"(= {max_step_size}), got {init_step_size!r}."
+        )
+
+
+def _check_frozen(frozen) -> tuple:
+    """``frozen`` as a tuple of group names (one name alone is accepted), or a clear error
+    naming the unknown groups."""
+    if isinstance(frozen, str):
+        frozen = (frozen,)
+    unknown = sorted(set(frozen) - set(GROUPS))
+    if unknown:
+        raise ValueError(
+            f"Unknown parameter group(s) in frozen: {unknown}. "
+            f"Valid groups are {sorted(GROUPS)}."
+        )
+    return tuple(frozen)
 
 
 def _chunk_bucket(num_draws: int) -> int:

@@ -33,7 +33,6 @@ weights as ``numpyro.param`` sites of the model.
 from __future__ import annotations
 
 import warnings
-from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -56,7 +55,16 @@ from numpyro_uha.core import (
     uha_sample_rows,
 )
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
-from numpyro_uha.guide import GROUPS, _check_int, _merge_static, _real, _split_static
+from numpyro_uha.guide import (
+    GROUPS,
+    _check_frozen,
+    _check_int,
+    _check_step_sizes,
+    _jit_once,
+    _merge_static,
+    _real,
+    _split_static,
+)
 
 __all__ = ["UHALocalGuide", "LocalLogZ"]
 
@@ -192,13 +200,7 @@ class UHALocalGuide(AutoGuide):
         init_step_size = _real("init_step_size", init_step_size)
         init_damping = _real("init_damping", init_damping)
         init_scale = _real("init_scale", init_scale)
-        if not max_step_size > 0:
-            raise ValueError(f"max_step_size must be a positive number, got {max_step_size!r}.")
-        if not 0 < init_step_size < max_step_size:
-            raise ValueError(
-                "init_step_size must satisfy 0 < init_step_size < max_step_size "
-                f"(= {max_step_size}), got {init_step_size!r}."
-            )
+        _check_step_sizes(init_step_size, max_step_size)
         if not 0 < init_damping < 1:
             raise ValueError(f"init_damping (η) must be in (0, 1), got {init_damping!r}.")
         if not init_scale > 0:
@@ -207,14 +209,7 @@ class UHALocalGuide(AutoGuide):
             raise TypeError(
                 f"encoder must be a callable x -> (loc, scale), got {type(encoder).__name__}."
             )
-        if isinstance(frozen, str):
-            frozen = (frozen,)
-        unknown = sorted(set(frozen) - set(GROUPS))
-        if unknown:
-            raise ValueError(
-                f"Unknown parameter group(s) in frozen: {unknown}. "
-                f"Valid groups are {sorted(GROUPS)}."
-            )
+        frozen = _check_frozen(frozen)
         self.K = K
         self.encoder = encoder
         self._global_guide_arg = global_guide
@@ -685,8 +680,8 @@ class UHALocalGuide(AutoGuide):
             # one compiled program per argument structure: run op by op (svi.init,
             # Predictive), the chain's hundreds of operations would each be compiled
             arrays, spec = _split_static((args, kwargs))
-            rows, log_weight, info, local_values, log_det = self._chain_program(
-                spec, size, corrected
+            rows, log_weight, info, local_values, log_det = _jit_once(
+                self._jitted, self._chain_impl, spec, size=size, corrected=corrected
             )(keys, annealing, global_values, model_params, idx, arrays)
             # Trace_ELBO adds log p(x_i, z_i | θ) from the model's trace (scaled N/B by the
             # plate, like this factor); the factor is the rest of chain i's augmented
@@ -701,17 +696,6 @@ class UHALocalGuide(AutoGuide):
 
     def __call__(self, *args, **kwargs):
         return self._body(args, kwargs)[0]
-
-    def _chain_program(self, spec, size, corrected):
-        impl = partial(self._chain_impl, spec=spec, size=size, corrected=corrected)
-        try:
-            key = ("chain", spec, size, corrected)
-            hash(key)
-        except TypeError:
-            return impl
-        if key not in self._jitted:
-            self._jitted[key] = jax.jit(impl)
-        return self._jitted[key]
 
     def _chain_impl(
         self, keys, annealing, global_values, model_params, idx, arrays, *, spec, size, corrected
@@ -822,28 +806,17 @@ class UHALocalGuide(AutoGuide):
         sample_shape = tuple(sample_shape)
         num = max(int(np.prod(sample_shape, dtype=int)), 1)
         arrays, spec = _split_static((args, kwargs))
-        draws, log_w = self._draws_program(spec, num, corrected, idx.shape[0])(
-            rng_key, params, idx, arrays
-        )
+        # one compiled program per argument structure and count (chunked by lax.map)
+        draws, log_w = _jit_once(
+            self._jitted, self._draws_impl, spec, num=num, corrected=corrected,
+            rows=idx.shape[0],
+        )(rng_key, params, idx, arrays)
         if not sample_shape:
             return jax.tree.map(lambda x: x[0], draws), log_w[0]
         return (
             jax.tree.map(lambda x: jnp.reshape(x, sample_shape + x.shape[1:]), draws),
             jnp.reshape(log_w, sample_shape + log_w.shape[1:]),
         )
-
-    def _draws_program(self, spec, num, corrected, rows):
-        """The draws as one compiled program per argument structure and count (the
-        uncompiled function where the structure is not hashable)."""
-        impl = partial(self._draws_impl, spec=spec, num=num, corrected=corrected, rows=rows)
-        try:
-            key = (spec, num, corrected, rows)
-            hash(key)
-        except TypeError:
-            return impl
-        if key not in self._jitted:
-            self._jitted[key] = jax.jit(impl)
-        return self._jitted[key]
 
     def _draws_impl(self, rng_key, params, idx, arrays, *, spec, num, corrected, rows):
         args, kwargs = _merge_static(arrays, spec)

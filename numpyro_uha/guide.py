@@ -62,8 +62,16 @@ from numpyro_uha.core.sharding import (
     replicated,
     shard_leading,
 )
-from numpyro_uha.core.vi import gaussian_log_weights
-from numpyro_uha.core.warm_start import max_curvature, warm_start
+from numpyro_uha.core.warm_start import (
+    HVP_ROWS,
+    RowsOracle,
+    max_curvature,
+    oracle_log_weights,
+    resolve_oracle,
+    rows_oracle,
+    small_jit,
+    warm_start,
+)
 
 __all__ = [
     "UHAGuide",
@@ -84,8 +92,12 @@ MAX_NONFINITE_FRACTION = 0.1
 #: The stability ceiling on the leapfrog step, as a fraction of the quadratic limit 2/sqrt(λ).
 STABILITY_FRACTION = 0.75
 
-#: Draws from q (besides its mean) where the stability ceiling's curvature is taken.
-CURVATURE_DRAWS = 64
+#: Draws from q (besides its mean) where the stability ceiling's curvature is taken: with
+#: the mean, one Hessian-vector-product call of the warm start's width.
+CURVATURE_DRAWS = HVP_ROWS - 1
+
+#: Rows of the setup's value-and-gradient calls (the warm start's: 3 starts × 8 draws).
+SETUP_ROWS = 24
 
 #: A leapfrog step whose energy error exceeds this many nats has diverged (as in NUTS).
 DIVERGENCE_ENERGY = 1000.0
@@ -408,19 +420,15 @@ class UHAGuide(AutoContinuous):
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
             self._precondition = (loc, _marginal_std(scale))
-            # one compiled program scores q and finds the curvature (see _setup_impl)
-            log_weights, lam = self._setup_program(spec, "score")(
-                jax.random.PRNGKey(0), loc, scale, arrays, model_params
+            log_weights, lam = self._run_setup(
+                "score", jax.random.PRNGKey(0), loc, scale, arrays, spec, model_params
             )
             if not _is_tracer(log_weights):
                 self._start_elbo = _mean_and_se(log_weights)
         elif self.warm_start_steps > 0:
-            # The warm start, its score and the curvature run as one compiled program:
-            # run op by op, their hundreds of small programs took longer to compile than
-            # the fit itself.
-            fit, lam = self._setup_program(spec, "warm_start")(
-                numpyro.prng_key(), init_loc, jnp.asarray(self._init_scale, init_loc.dtype),
-                arrays, model_params,
+            fit, lam = self._run_setup(
+                "warm_start", numpyro.prng_key(), init_loc,
+                jnp.asarray(self._init_scale, init_loc.dtype), arrays, spec, model_params,
             )
             if _is_tracer(fit):
                 # set up inside a JAX transform: no constants to standardize by
@@ -550,29 +558,55 @@ class UHAGuide(AutoContinuous):
             integrator=self.integrator,
         )
 
-    def _setup_program(self, spec, kind):
-        """The setup's numerical work as one compiled program, per argument structure:
-        ``"warm_start"`` (the plain-VI warm start, its score and the curvature at the
-        fitted q) or ``"score"`` (``init_from``'s q scored and its curvature)."""
-        return self._program(self._setup_impl, spec, kind=kind)
+    def _run_setup(self, kind, rng_key, loc, scale, arrays, spec, model_params):
+        """The setup's numerical work: ``"warm_start"`` (the warm start from ``loc`` with
+        fallback scale ``scale``, and the curvature at the fitted q) or ``"score"``
+        (``init_from``'s q scored, and its curvature); returns ``(fit or log weights, λ)``.
 
-    def _setup_impl(self, rng_key, loc, scale, arrays, model_params, *, spec, kind):
-        args, kwargs = _merge_static(arrays, spec)
-        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
+        The model's log density is compiled in two programs (its value and gradient at
+        :data:`SETUP_ROWS` rows, Hessian-vector products at ``HVP_ROWS`` rows), once per
+        argument structure, and the warm start's loops run around them (see
+        :mod:`numpyro_uha.core.warm_start`): one program holding every stage compiled
+        the model once per stage and took seconds longer. Set up inside a JAX transform
+        (traced arguments), the same steps are traced inline.
+        """
+        if _is_tracer((rng_key, loc, scale, arrays, model_params)) or not _hashable(spec):
+            args, kwargs = _merge_static(arrays, spec)
+            oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params), compiled=False)
+        else:
+            programs = {
+                kind: self._program(self._oracle_impl, spec, kind=kind)
+                for kind in ("value_and_grad", "hvp")
+            }
+            oracle = RowsOracle(
+                lambda zs: programs["value_and_grad"](zs, None, arrays, model_params),
+                lambda zs, vs: programs["hvp"](zs, vs, arrays, model_params),
+                compiled=True,
+            )
         if kind == "warm_start":
             fit = warm_start(
-                rng_key, logdensity_fn, loc, scale,
+                rng_key, None, loc, scale,
                 full_rank=self.base_dist == "cholesky",
                 num_steps=self.warm_start_steps,
                 learning_rate=self.warm_start_learning_rate,
+                num_particles=SETUP_ROWS // 3,
+                oracle=oracle,
             )
-            return fit, _curvature(logdensity_fn, fit.loc, fit.scale)
-        # the user's batch bound, if any (START_ELBO_DRAWS is below any default width)
-        log_weights = gaussian_log_weights(
-            rng_key, logdensity_fn, loc, scale, START_ELBO_DRAWS,
-            batch_size=self._sample_batch_size,
-        )
-        return log_weights, _curvature(logdensity_fn, loc, scale)
+            return fit, _curvature(oracle, fit.loc, fit.scale)
+        # the user's batch bound, if any
+        rows = min(SETUP_ROWS, self._sample_batch_size or SETUP_ROWS)
+        log_weights = oracle_log_weights(oracle, rng_key, loc, scale, START_ELBO_DRAWS, rows)
+        return log_weights, _curvature(oracle, loc, scale)
+
+    def _oracle_impl(self, zs, vs, arrays, model_params, *, spec, kind):
+        """The log density at rows ``zs``: value and gradient, or (``kind="hvp"``)
+        Hessian-vector products with the rows ``vs``."""
+        args, kwargs = _merge_static(arrays, spec)
+        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
+        if kind == "value_and_grad":
+            return jax.vmap(jax.value_and_grad(logdensity_fn))(zs)
+        grad = jax.grad(logdensity_fn)
+        return jax.vmap(lambda z, v: jax.jvp(grad, (z,), (v,))[1])(zs, vs)
 
     def _q_from_fitted(self, guide, params):
         """(loc, scale) of a fitted Gaussian AutoGuide, in this guide's latent layout."""
@@ -1403,18 +1437,30 @@ def _marginal_std(scale):
     return jnp.sqrt(jnp.sum(scale**2, axis=-1)) if jnp.ndim(scale) == 2 else scale
 
 
-def _curvature(logdensity_fn, loc, scale):
+def _curvature(oracle, loc, scale):
     """λ behind the step ceiling (see :func:`_stability_ceiling`): the largest of
     λ_max(S H S) over q's mean and ``CURVATURE_DRAWS`` draws from q (the curvature in q's
     tails can be several times that at its mean: hierarchical scales, heavy tails) and
     λ_max(S Σ_q⁻¹ S) (q's part of the bridge, 1 for a diagonal q), S = diag(s), s = q's
-    marginal sds; traceable."""
+    marginal sds; by power iteration, all points' Hessian-vector products in one
+    ``oracle`` call per iteration; traceable."""
+    _, host = resolve_oracle(None, oracle, loc, scale)
+    points, s = _curvature_points(loc, scale, host=host)
+    return _curvature_max(max_curvature(None, points, s, oracle=oracle), scale, host=host)
+
+
+@small_jit()
+def _curvature_points(loc, scale):
     s = _marginal_std(scale)
     noise = jax.random.normal(jax.random.PRNGKey(0), (CURVATURE_DRAWS, loc.shape[-1]), loc.dtype)
-    points = jnp.concatenate([loc[None], loc + noise * s])
-    lams = jax.vmap(lambda z: max_curvature(logdensity_fn, z, s))(points)
+    return jnp.concatenate([loc[None], loc + noise * s]), s
+
+
+@small_jit()
+def _curvature_max(lams, scale):
     lam = jnp.max(jnp.where(jnp.isfinite(lams), lams, 0.0))
     if scale.ndim == 2:
+        s = _marginal_std(scale)
         prec = jnp.linalg.inv(scale @ scale.T)
         return jnp.maximum(lam, jnp.linalg.eigvalsh(s[:, None] * prec * s[None, :])[-1])
     return jnp.maximum(lam, 1.0)
@@ -1437,6 +1483,14 @@ def _stability_ceiling(lam, s):
 
 
 _split_keys = jax.jit(jax.random.split, static_argnums=1)
+
+
+def _hashable(spec) -> bool:
+    try:
+        hash(spec)
+    except TypeError:
+        return False
+    return True
 
 
 def _jit_once(cache: dict, impl, spec, **static):

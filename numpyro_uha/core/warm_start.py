@@ -6,40 +6,101 @@ posterior scale: a coefficient known to ±1e-3 is then never resolved, and one w
 posterior sd of 100 takes thousands of steps to reach. :func:`warm_start` first finds the
 posterior's scales, then runs the same VI in coordinates where every scale is about one:
 
-1. **A mode by L-BFGS** (``optax.lbfgs``, zoom line search) from ``init_loc``, in
+1. **A mode by L-BFGS** (optax's ``scale_by_lbfgs`` directions) from ``init_loc``, in
    coordinates standardized by the curvature there, s_i = 1 / sqrt(H_ii),
-   H = -∇² log p̄ (``fallback_scale`` where H_ii is not positive and finite).
+   H = -∇² log p̄ (``fallback_scale`` where H_ii is not positive and finite). Each
+   iteration evaluates the log density at a whole row batch of step lengths along the
+   direction (2⁸, 2⁷, …, 1, ½, …) and moves to the lowest of those that decrease the
+   objective enough (Armijo); a step with yᵀs ≤ 0 restarts the L-BFGS memory.
 2. **A Laplace approximation** at that mode: N(mode, diag(s²)) with the curvature
    scales at the mode.
-3. **VI from three starts, vectorized** (one compilation): z = m + s ⊙ u (or
-   m + diag(s) L_u u for full rank), q_u fitted by :func:`~numpyro_uha.core.fit_gaussian`
-   (a) in the model's own coordinates from N(init_loc, fallback_scale²), the plain warm
-   start; (b) from init_loc, standardized by the curvature there; (c) from the Laplace
-   approximation, standardized by it. The fit with the lowest final loss (mean over its
-   last tenth) is kept: the mode of a hierarchical or time-series model can be a
-   degenerate spike (a scale → 0) that VI in the spike's coordinates cannot leave, and
-   curvature at a random start can mislead, while on a badly scaled regression only a
-   standardized start resolves the posterior in a thousand Adam steps.
+3. **VI from three starts, side by side**: z = m + s ⊙ u (or m + diag(s) L_u u for full
+   rank), q_u fitted as :func:`~numpyro_uha.core.fit_gaussian` does (Adam, cosine-decayed
+   learning rate, the same draws at every step for all three starts) (a) in the model's
+   own coordinates from N(init_loc, fallback_scale²), the plain warm start; (b) from
+   init_loc, standardized by the curvature there; (c) from the Laplace approximation,
+   standardized by it. The fit with the lowest final loss (mean over its last tenth) is
+   kept: the mode of a hierarchical or time-series model can be a degenerate spike (a
+   scale → 0) that VI in the spike's coordinates cannot leave, and curvature at a random
+   start can mislead, while on a badly scaled regression only a standardized start
+   resolves the posterior in a thousand Adam steps.
 
 The result says whether the VI converged (the mean loss over the last tenth of the steps
 no lower than over the tenth before, within two standard errors).
+
+**Compiled once, driven from Python.** Every stage needs the log density in only two
+ways: its value and gradient at a batch of rows, and Hessian-vector products at a batch
+of rows (a :class:`RowsOracle`). With concrete inputs and a compiled oracle
+(:func:`rows_oracle`), the log density is compiled in those two programs alone and the
+stages' loops run in Python around them and around small model-free update programs:
+XLA compiles the model twice, not once per stage (the fused single program took several
+seconds to compile on two CPU cores, longer than the fit runs). Under a JAX transform
+(traced inputs) the same steps run in ``lax`` loops.
 """
 
 from __future__ import annotations
 
+from functools import wraps
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from numpyro_uha.core.batching import batched_map
-from numpyro_uha.core.vi import fit_gaussian, gaussian_log_weights
+from numpyro_uha.core.gaussian import gaussian_logpdf, gaussian_sample
 
-__all__ = ["WarmStart", "curvature_scale", "find_mode", "max_curvature", "warm_start"]
+__all__ = [
+    "RowsOracle",
+    "WarmStart",
+    "curvature_scale",
+    "find_mode",
+    "max_curvature",
+    "oracle_log_weights",
+    "rows_oracle",
+    "warm_start",
+]
 
 #: Above this dimension the Hessian's diagonal (d Hessian-vector products) is skipped.
 MAX_CURVATURE_DIM = 2048
+
+#: Rows of every Hessian-vector-product call :func:`warm_start` makes (the guide's
+#: curvature check uses the same width, so one program serves both).
+HVP_ROWS = 65
+
+#: Armijo's sufficient-decrease constant.
+_ARMIJO = 1e-4
+
+
+class RowsOracle(NamedTuple):
+    """The log density as the warm start uses it, on batches of rows.
+
+    Attributes:
+        value_and_grad: ``Z (R, d) -> (log p̄ (R,), ∇ log p̄ (R, d))``.
+        hvp: ``(Z (R, d), V (R, d)) -> ∇² log p̄(z_r) v_r (R, d)``.
+        compiled: whether both are compiled programs, so loops around them may run in
+            Python (see the module docstring); plain functions are traced into ``lax``
+            loops instead.
+    """
+
+    value_and_grad: Callable[[jax.Array], tuple[jax.Array, jax.Array]]
+    hvp: Callable[[jax.Array, jax.Array], jax.Array]
+    compiled: bool = False
+
+
+def rows_oracle(logdensity_fn: Callable[[jax.Array], jax.Array], compiled: bool = True) -> RowsOracle:
+    """A :class:`RowsOracle` for ``logdensity_fn``, jitted when ``compiled``."""
+
+    def value_and_grad(zs):
+        return jax.vmap(jax.value_and_grad(logdensity_fn))(zs)
+
+    def hvp(zs, vs):
+        grad = jax.grad(logdensity_fn)
+        return jax.vmap(lambda z, v: jax.jvp(grad, (z,), (v,))[1])(zs, vs)
+
+    if compiled:
+        return RowsOracle(jax.jit(value_and_grad), jax.jit(hvp), True)
+    return RowsOracle(value_and_grad, hvp, False)
 
 
 class WarmStart(NamedTuple):
@@ -64,67 +125,438 @@ class WarmStart(NamedTuple):
     converged: jax.Array
 
 
-def curvature_scale(
-    logdensity_fn: Callable[[jax.Array], jax.Array], z: jax.Array, fallback: jax.Array
-) -> jax.Array:
-    """1 / sqrt(-∂² log p̄ / ∂z_i²) at ``z``, ``fallback`` where that is not positive and
-    finite (or for every coordinate when d > :data:`MAX_CURVATURE_DIM`)."""
+# ----------------------------------------------------------------------- drivers
+def _traced(tree) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
+
+
+def resolve_oracle(logdensity_fn, oracle, *inputs) -> tuple[RowsOracle, bool]:
+    """The oracle to use and whether loops run in Python (a compiled oracle, concrete
+    inputs)."""
+    if oracle is None:
+        if logdensity_fn is None:
+            raise ValueError("Pass logdensity_fn or oracle.")
+        oracle = rows_oracle(logdensity_fn, compiled=not _traced(inputs))
+    # under a JAX transform even a new constant is traced
+    return oracle, oracle.compiled and not _traced((inputs, jnp.zeros(())))
+
+
+def small_jit(static_argnums=()):
+    """jit for the warm start's model-free steps: tiny programs run once per iteration,
+    compiled on CPU at XLA's lowest backend optimization (a third of the compile time,
+    the same run time at these sizes). Called with ``host=False`` (loops traced into
+    ``lax`` loops, under a JAX transform) the step is a plain function, inlined."""
+
+    def decorate(fn):
+        compiled = {}
+
+        @wraps(fn)
+        def call(*args, host: bool):
+            if not host:
+                return fn(*args)
+            if not compiled:
+                cpu = jax.default_backend() == "cpu"
+                options = {"xla_backend_optimization_level": 0} if cpu else None
+                compiled[None] = jax.jit(fn, static_argnums=static_argnums, compiler_options=options)
+            return compiled[None](*args)
+
+        return call
+
+    return decorate
+
+
+def _loop(host: bool, n: int, body, carry):
+    """``carry = body(i, carry)`` for i < n: in Python around compiled steps (``host``),
+    else one ``lax.fori_loop``."""
+    if host:
+        for i in range(n):
+            carry = body(np.int32(i), carry)
+        return carry
+    return jax.lax.fori_loop(0, n, body, carry)
+
+
+@small_jit()
+def _take(xs, c):
+    return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, c, 0, False), xs)
+
+
+@small_jit()
+def _put(x, part, c):
+    """``x`` with rows ``c·len(part) …`` replaced by ``part``."""
+    return jax.lax.dynamic_update_slice_in_dim(x, part, c * part.shape[0], 0)
+
+
+# --------------------------------------------------------------------- curvature
+@small_jit(static_argnums=(4,))
+def _curvature_step(diag, hv, c, z, rows):
+    """Chunk ``c``'s diagonal entries from its products ``hv`` (none for c < 0), and the
+    rows of chunk c + 1: z beside the unit vectors e_((c+1)·rows + r)."""
     dim = z.shape[-1]
-    fallback = jnp.broadcast_to(jnp.asarray(fallback, z.dtype), (dim,))
-    if dim > MAX_CURVATURE_DIM:
-        return fallback
-    grad = jax.grad(logdensity_fn)
 
-    def hvp_diag(e):
-        return jnp.vdot(e, jax.jvp(grad, (z,), (e,))[1])
+    def units(chunk):
+        index = chunk * rows + jnp.arange(rows)
+        return (index[:, None] == jnp.arange(dim)[None, :]).astype(z.dtype)
 
-    # batched_map, not lax.map: no remainder batch beside the scan (see batching.py)
-    neg_diag = -batched_map(hvp_diag, jnp.eye(dim, dtype=z.dtype), 256)
+    part = jnp.sum(units(c) * hv, axis=-1)
+    diag = jnp.where(c >= 0, jax.lax.dynamic_update_slice_in_dim(diag, part, jnp.maximum(c, 0) * rows, 0), diag)
+    return diag, jnp.broadcast_to(z, (rows, dim)), units(c + 1)
+
+
+@small_jit()
+def _curvature_finish(diag, fallback):
+    neg_diag = -diag[: fallback.shape[-1]]
     ok = jnp.isfinite(neg_diag) & (neg_diag > 0)
     scale = jnp.where(ok, jax.lax.rsqrt(jnp.where(ok, neg_diag, 1.0)), fallback)
     return jnp.clip(scale, 1e-12, 1e12)
 
 
+def curvature_scale(
+    logdensity_fn: Callable[[jax.Array], jax.Array] | None,
+    z: jax.Array,
+    fallback: jax.Array,
+    *,
+    oracle: RowsOracle | None = None,
+    rows: int = HVP_ROWS,
+) -> jax.Array:
+    """1 / sqrt(-∂² log p̄ / ∂z_i²) at ``z``, ``fallback`` where that is not positive and
+    finite (or for every coordinate when d > :data:`MAX_CURVATURE_DIM`); the diagonal by
+    Hessian-vector products on unit vectors, ``rows`` at a time."""
+    oracle, host = resolve_oracle(logdensity_fn, oracle, z, fallback)
+    dim = z.shape[-1]
+    fallback = jnp.broadcast_to(jnp.asarray(fallback, z.dtype), (dim,))
+    if dim > MAX_CURVATURE_DIM:
+        return fallback
+    num = -(-dim // rows)
+    diag = jnp.zeros(num * rows, z.dtype)
+    diag, zs, vs = _curvature_step(diag, jnp.zeros((rows, dim), z.dtype), np.int32(-1), z, rows, host=host)
+
+    def body(c, carry):
+        diag, zs, vs = carry
+        return _curvature_step(diag, oracle.hvp(zs, vs), c, z, rows, host=host)
+
+    diag, _, _ = _loop(host, num, body, (diag, zs, vs))
+    return _curvature_finish(diag, fallback, host=host)
+
+
+@small_jit()
+def _power_step(v, hv, scale):
+    """One power iteration of S H S (H = −∇² log p̄) from the products ``hv`` = ∇² log p̄
+    · (S v): the next unit vectors, the norms, and the next products' inputs S v."""
+    w = -scale * hv
+    norm = jnp.linalg.norm(w, axis=-1)
+    v = w / jnp.where(norm > 0, norm, 1.0)[..., None]
+    return v, norm, scale * v
+
+
+def max_curvature(
+    logdensity_fn: Callable[[jax.Array], jax.Array] | None,
+    z: jax.Array,
+    scale: jax.Array,
+    num_iters: int = 30,
+    *,
+    oracle: RowsOracle | None = None,
+) -> jax.Array:
+    """The largest |eigenvalue| of S H S, H = -∇² log p̄ at ``z``, S = diag(``scale``),
+    by power iteration on Hessian-vector products (``num_iters`` of them).
+
+    ``z`` may be a batch of points ``(n, d)`` (one iteration each, the products of all
+    rows in one oracle call); the result then has shape ``(n,)``. The leapfrog with
+    per-coordinate steps h = ε · scale is stable on the quadratic approximation at ``z``
+    only while ε · sqrt(λ_max(S H S)) < 2.
+    """
+    oracle, host = resolve_oracle(logdensity_fn, oracle, z, scale)
+    zs = jnp.atleast_2d(z)
+    v0 = jnp.ones_like(zs) / jnp.sqrt(zs.shape[-1])
+
+    def body(_, carry):
+        v, _, sv = carry
+        return _power_step(v, oracle.hvp(zs, sv), scale, host=host)
+
+    _, lam, _ = _loop(host, num_iters, body, (v0, jnp.zeros(zs.shape[0], zs.dtype), scale * v0))
+    return lam if z.ndim == 2 else lam[0]
+
+
+# -------------------------------------------------------------------------- mode
+class _ModeState(NamedTuple):
+    i: jax.Array
+    u: jax.Array
+    value: jax.Array  # the objective -log p̄(init + s u)
+    grad: jax.Array  # its gradient in u
+    memory: optax.OptState
+    ok: jax.Array
+
+
+_LBFGS = optax.scale_by_lbfgs()
+
+
+def _step_lengths(rows, dtype):
+    """The line search's step lengths, one per row: 2⁸, 2⁷, … (1 at the ninth row)."""
+    return 2.0 ** (8.0 - jnp.arange(rows, dtype=dtype))
+
+
+def _mode_ask(state, init, s, rows):
+    """The L-BFGS direction from ``state`` and the line search's points along it."""
+    direction, memory = _LBFGS.update(state.grad, state.memory, state.u)
+    direction = -direction
+    # not a descent direction: steepest descent, the memory dropped
+    bad = ~(jnp.vdot(state.grad, direction) < 0) | ~jnp.all(jnp.isfinite(direction))
+    fresh_direction, fresh = _LBFGS.update(state.grad, _LBFGS.init(state.u), state.u)
+    direction = jnp.where(bad, -fresh_direction, direction)
+    memory = jax.tree.map(lambda a, b: jnp.where(bad, a, b), fresh, memory)
+    us = state.u + _step_lengths(rows, init.dtype)[:, None] * direction
+    return state._replace(memory=memory), direction, init + s * us
+
+
+@small_jit(static_argnums=(4,))
+def _mode_begin(values, grads, init, s, rows):
+    """The state at ``init`` (the oracle's first row there) and the first line search."""
+    f, g = -values[0], -grads[0] * s
+    u = jnp.zeros_like(init)
+    ok = jnp.isfinite(f) & jnp.all(jnp.isfinite(g))
+    state = _ModeState(jnp.asarray(0, jnp.int32), u, f, g, _LBFGS.init(u), ok)
+    return _mode_ask(state, init, s, rows)
+
+
+@small_jit(static_argnums=(6,))
+def _mode_step(state, direction, values, grads, init, s, num_steps):
+    """The line search's outcome from the oracle's values and gradients at its points,
+    and the next line search."""
+    rows = values.shape[0]
+    alphas = _step_lengths(rows, values.dtype)
+    f = -values
+    g = -grads * s
+    slope = jnp.vdot(state.grad, direction)
+    finite = jnp.isfinite(f) & jnp.all(jnp.isfinite(g), axis=-1)
+    armijo = finite & (f <= state.value + _ARMIJO * alphas * slope)
+    found = jnp.any(armijo)
+    k = jnp.argmin(jnp.where(armijo, f, jnp.inf))  # the lowest point with enough decrease
+    new_grad = g[k]
+    # y·s > 0 keeps the L-BFGS inverse Hessian positive definite; else start it afresh
+    curved = jnp.vdot(new_grad, direction) > slope
+    memory = jax.tree.map(
+        lambda a, b: jnp.where(curved, a, b), state.memory, _LBFGS.init(state.u)
+    )
+    small = jnp.max(jnp.abs(new_grad)) < 1e-6
+    keep = lambda new, old: jnp.where(found, new, old)  # noqa: E731
+    state = _ModeState(
+        state.i + 1,
+        keep(state.u + alphas[k] * direction, state.u),
+        keep(f[k], state.value),
+        keep(new_grad, state.grad),
+        memory,
+        found & ~small & (state.i + 1 < num_steps),
+    )
+    return _mode_ask(state, init, s, rows)
+
+
+@small_jit(static_argnums=(1,))
+def _rows_of(z, rows):
+    return jnp.broadcast_to(z, (rows,) + z.shape)
+
+
 def find_mode(
-    logdensity_fn: Callable[[jax.Array], jax.Array],
+    logdensity_fn: Callable[[jax.Array], jax.Array] | None,
     init: jax.Array,
     scale: jax.Array,
     num_steps: int = 200,
+    *,
+    oracle: RowsOracle | None = None,
+    rows: int = 24,
 ) -> tuple[jax.Array, jax.Array]:
-    """Maximize log p̄ by L-BFGS from ``init``, in coordinates standardized by ``scale``.
+    """Maximize log p̄ by L-BFGS from ``init``, in coordinates standardized by ``scale``
+    (see the module docstring), ``rows`` step lengths per iteration.
 
-    Returns ``(z, log p̄(z))``; the iteration stops early at a non-finite value or
-    gradient (the last finite point is returned) or when the gradient vanishes.
+    Returns ``(z, log p̄(z))``: the best point found (the start if no step decreased the
+    objective); the iteration stops after ``num_steps``, when no step length decreases
+    the objective, or when the gradient vanishes.
     """
-
-    def objective(u):
-        return -logdensity_fn(init + scale * u)
-
-    solver = optax.lbfgs()
-    value_and_grad = optax.value_and_grad_from_state(objective)
-    u0 = jnp.zeros_like(init)
-
-    def cond(carry):
-        i, u, state, best_u, best_value, ok = carry
-        return (i < num_steps) & ok
+    oracle, host = resolve_oracle(logdensity_fn, oracle, init, scale)
+    values, grads = oracle.value_and_grad(_rows_of(init, rows, host=host))
+    carry = _mode_begin(values, grads, init, scale, rows, host=host)
 
     def body(carry):
-        i, u, state, best_u, best_value, ok = carry
-        value, grad = value_and_grad(u, state=state)
-        updates, state = solver.update(grad, state, u, value=value, grad=grad, value_fn=objective)
-        new_u = optax.apply_updates(u, updates)
-        new_value = objective(new_u)
-        finite = jnp.isfinite(new_value) & jnp.all(jnp.isfinite(new_u))
-        better = finite & (new_value <= best_value)
-        best_u = jnp.where(better, new_u, best_u)
-        best_value = jnp.where(better, new_value, best_value)
-        small = jnp.max(jnp.abs(grad)) < 1e-6
-        return i + 1, new_u, state, best_u, best_value, finite & ~small
+        state, direction, zs = carry
+        values, grads = oracle.value_and_grad(zs)
+        return _mode_step(state, direction, values, grads, init, scale, num_steps, host=host)
 
-    start_value = objective(u0)
-    carry = (0, u0, solver.init(u0), u0, start_value, jnp.isfinite(start_value))
-    _, _, _, best_u, best_value, _ = jax.lax.while_loop(cond, body, carry)
-    return init + scale * best_u, -best_value
+    if host:
+        while bool(carry[0].ok):
+            carry = body(carry)
+    else:
+        carry = jax.lax.while_loop(lambda c: c[0].ok, body, carry)
+    state = carry[0]
+    return init + scale * state.u, -state.value
+
+
+# ---------------------------------------------------------------------------- VI
+def _scale_to_raw(scale):
+    if scale.ndim == 2:
+        return jnp.tril(scale, -1) + jnp.diag(jnp.log(jnp.diagonal(scale)))
+    return jnp.log(scale)
+
+
+def _raw_to_scale(raw):
+    if raw.ndim == 2:
+        return jnp.tril(raw, -1) + jnp.diag(jnp.exp(jnp.diagonal(raw)))
+    return jnp.exp(raw)
+
+
+def _adam(learning_rate, num_steps):
+    return optax.adam(optax.cosine_decay_schedule(learning_rate, num_steps, alpha=0.01))
+
+
+def _vi_ask(params, key, starts, scales, num_particles):
+    """The step's noise (the same for every start, as fit_gaussian's) and the points
+    z = start + s ⊙ u, u ~ q_u, of all starts as rows."""
+    noise = jax.random.normal(key, (num_particles, starts.shape[-1]), starts.dtype)
+
+    def points(loc, raw, start, s):
+        us = jax.vmap(lambda e: gaussian_sample(e, loc, _raw_to_scale(raw)))(noise)
+        return start + s * us
+
+    zs = jax.vmap(points)(*params, starts, scales)
+    return noise, zs.reshape(-1, starts.shape[-1])
+
+
+@small_jit(static_argnums=(4, 5, 6))
+def _vi_begin(key, starts, scales, unit_scales, full_rank, num_particles, steps_and_rate):
+    """Every start's q_u = N(0, unit scale), the optimizer, the step keys and the
+    first step's points."""
+    num_steps, learning_rate = steps_and_rate
+    unit = jax.vmap(jnp.diag)(unit_scales) if full_rank else unit_scales
+    params = (jnp.zeros_like(starts), jax.vmap(_scale_to_raw)(unit))
+    keys = jax.random.split(key, num_steps)
+    losses = jnp.zeros((num_steps, starts.shape[0]), starts.dtype)
+    noise, zs = _vi_ask(params, keys[0], starts, scales, num_particles)
+    return (params, _adam(learning_rate, num_steps).init(params), losses, keys, noise), zs
+
+
+@small_jit(static_argnums=(5,))
+def _vi_step(carry, values, grads, i, starts_scales, steps_and_rate):
+    """One Adam step of every start's negative ELBO at step ``i``'s draws (the oracle's
+    ``values`` and ``grads`` there), and step i + 1's points.
+
+    The gradient of log p̄ enters through a linear surrogate (the oracle's gradient,
+    held fixed), the rest (the draws' dependence on q, log q) by autodiff: the same
+    gradient as fit_gaussian's."""
+    params, opt_state, losses, keys, noise = carry
+    starts, scales = starts_scales
+    num_steps, learning_rate = steps_and_rate
+    num_starts, particles = starts.shape[0], noise.shape[0]
+    values = values.reshape(num_starts, particles)
+    grads_u = grads.reshape(num_starts, particles, -1) * scales[:, None, :]
+
+    def neg_elbo(params):
+        def one(loc, raw, g, value):
+            scale = _raw_to_scale(raw)
+            us = jax.vmap(lambda e: gaussian_sample(e, loc, scale))(noise)
+            log_q = jax.vmap(lambda u: gaussian_logpdf(u, loc, scale))(us)
+            surrogate = -jnp.mean(jnp.sum(jax.lax.stop_gradient(g) * us, axis=-1) - log_q)
+            return surrogate, -jnp.mean(value - log_q)
+
+        surrogates, step_losses = jax.vmap(one)(*params, grads_u, values)
+        return jnp.sum(surrogates), step_losses
+
+    grad, step_losses = jax.grad(neg_elbo, has_aux=True)(params)
+    updates, opt_state = _adam(learning_rate, num_steps).update(grad, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    if params[1].ndim == 3:
+        params = (params[0], jnp.tril(params[1]))
+    losses = jax.lax.dynamic_update_index_in_dim(losses, step_losses, i, 0)
+    next_key = keys[jnp.minimum(i + 1, num_steps - 1)]
+    noise, zs = _vi_ask(params, next_key, starts, scales, particles)
+    return (params, opt_state, losses, keys, noise), zs
+
+
+def _fit_starts(oracle, host, key, starts, scales, unit_scales, full_rank, num_steps,
+                learning_rate, num_particles):
+    """VI of q_u from each start (z = start + scale ⊙ u, q_u from N(0, unit scale)),
+    Adam on all starts at once with the same draws (as ``vmap`` of fit_gaussian over
+    the starts); returns the last carry: ``(params in u, optimizer state, losses
+    (num_steps, starts), keys, noise)``."""
+    steps_and_rate = (num_steps, float(learning_rate))
+    carry, zs = _vi_begin(
+        key, starts, scales, unit_scales, full_rank, num_particles, steps_and_rate, host=host
+    )
+
+    def body(i, state):
+        carry, zs = state
+        values, grads = oracle.value_and_grad(zs)
+        return _vi_step(carry, values, grads, i, (starts, scales), steps_and_rate, host=host)
+
+    carry, _ = _loop(host, num_steps, body, (carry, zs))
+    return carry
+
+
+# ------------------------------------------------------------------------ scoring
+@small_jit(static_argnums=(3, 4))
+def _score_points(key, loc, scale, num_draws, rows):
+    """``num_draws`` draws from q (gaussian_log_weights's with the same key), in chunks
+    of ``rows`` (the missing rows of the last chunk copies of the first draws)."""
+    noise = jax.random.normal(key, (num_draws, loc.shape[-1]), loc.dtype)
+    zs = jax.vmap(lambda e: gaussian_sample(e, loc, scale))(noise)
+    num = -(-num_draws // rows)
+    padded = jnp.resize(zs, (num * rows, zs.shape[-1]))
+    return zs, padded.reshape(num, rows, -1)
+
+
+@small_jit()
+def _score_finish(values, zs, loc, scale):
+    values = values[: zs.shape[0]]
+    return values - jax.vmap(lambda z: gaussian_logpdf(z, loc, scale))(zs)
+
+
+def oracle_log_weights(
+    oracle: RowsOracle, rng_key: jax.Array, loc: jax.Array, scale: jax.Array,
+    num_draws: int, rows: int,
+) -> jax.Array:
+    """log p̄(z) − log q(z) at ``num_draws`` draws z ~ q (the draws of
+    :func:`~numpyro_uha.core.gaussian_log_weights` with the same key), evaluated
+    ``rows`` at a time by ``oracle``."""
+    host = oracle.compiled and not _traced((rng_key, loc, scale, jnp.zeros(())))
+    zs, chunks = _score_points(rng_key, loc, scale, num_draws, rows, host=host)
+    num = chunks.shape[0]
+
+    def body(c, values):
+        return _put(values, oracle.value_and_grad(_take(chunks, c, host=host))[0], c, host=host)
+
+    values = _loop(host, num, body, jnp.zeros(num * rows, loc.dtype))
+    return _score_finish(values, zs, loc, scale, host=host)
+
+
+# --------------------------------------------------------------------- warm start
+@small_jit(static_argnums=(3,))
+def _prepare(rng_key, init_loc, fallback_scale, dim):
+    score_key, fit_key = jax.random.split(rng_key)
+    fallback = jnp.broadcast_to(jnp.asarray(fallback_scale, init_loc.dtype), (dim,))
+    return score_key, fit_key, fallback
+
+
+@small_jit()
+def _starts(init_loc, mode, scale0, scale1, fallback):
+    # 0: the plain warm start (z-coordinates, q = N(init_loc, fallback_scale²));
+    # 1: from init_loc, standardized by the curvature there;
+    # 2: the Laplace approximation at the mode, in its standardized coordinates.
+    ones = jnp.ones_like(init_loc)
+    starts = jnp.stack([init_loc, init_loc, mode])
+    return starts, jnp.stack([ones, scale0, scale1]), jnp.stack([fallback, ones, ones])
+
+
+@small_jit(static_argnums=(3, 4))
+def _pick(fits, starts, scales, full_rank, tail):
+    """The fit with the lowest final loss, in the model's coordinates, and whether its
+    VI had converged."""
+    params, _, all_losses, _, _ = fits
+    locs = starts + scales * params[0]
+    fitted = jax.vmap(_raw_to_scale)(params[1])
+    fitted = scales[:, :, None] * fitted if full_rank else scales * fitted
+    # log p̄ in u-coordinates lacks the constant Σ log s: shift the losses to the
+    # z-coordinates' negative ELBO.
+    all_losses = all_losses.T - jnp.sum(jnp.log(scales), axis=1)[:, None]
+    final = jnp.mean(all_losses[:, -tail:], axis=1)
+    final = jnp.where(jnp.isfinite(final), final, jnp.inf)
+    best = jnp.argmin(final)
+    return locs[best], fitted[best], all_losses[best], best.astype(jnp.int32), _converged(all_losses[best])
 
 
 def _converged(losses: jax.Array) -> jax.Array:
@@ -139,7 +571,7 @@ def _converged(losses: jax.Array) -> jax.Array:
 
 def warm_start(
     rng_key: jax.Array,
-    logdensity_fn: Callable[[jax.Array], jax.Array],
+    logdensity_fn: Callable[[jax.Array], jax.Array] | None,
     init_loc: jax.Array,
     fallback_scale: float | jax.Array,
     *,
@@ -149,76 +581,32 @@ def warm_start(
     num_particles: int = 8,
     mode_steps: int = 200,
     num_score_draws: int = 256,
+    oracle: RowsOracle | None = None,
 ) -> WarmStart:
-    """Fit q to the posterior, robust to its scales (see the module docstring)."""
-    init_loc = jnp.asarray(init_loc)
-    dtype = init_loc.dtype
-    score_key, fit_key = jax.random.split(rng_key)
+    """Fit q to the posterior, robust to its scales (see the module docstring).
 
-    scale0 = curvature_scale(logdensity_fn, init_loc, fallback_scale)
-    mode, _ = find_mode(logdensity_fn, init_loc, scale0, mode_steps)
-    scale1 = curvature_scale(logdensity_fn, mode, scale0)
-
-    dim = init_loc.shape[-1]
-    # 0: the plain warm start (z-coordinates, q = N(init_loc, fallback_scale²));
-    # 1: from init_loc, standardized by the curvature there;
-    # 2: the Laplace approximation at the mode, in its standardized coordinates.
-    fallback = jnp.broadcast_to(jnp.asarray(fallback_scale, dtype), (dim,))
-    ones = jnp.ones(dim, dtype)
-    starts = jnp.stack([init_loc, init_loc, mode])
-    scales = jnp.stack([ones, scale0, scale1])
-    unit_scales = jnp.stack([fallback, ones, ones])
-
-    def fit_from(loc0, s, unit_scale):
-        unit = jnp.diag(unit_scale) if full_rank else unit_scale
-        def standardized(u):
-            return logdensity_fn(loc0 + s * u)
-
-        fit = fit_gaussian(
-            fit_key, standardized, jnp.zeros(dim, dtype), unit,
-            num_steps=num_steps, learning_rate=learning_rate, num_particles=num_particles,
-        )
-        loc = loc0 + s * fit.loc
-        scale = s[:, None] * fit.scale if full_rank else s * fit.scale
-        # log p̄ in u-coordinates lacks the constant Σ log s: shift the losses to the
-        # z-coordinates' negative ELBO.
-        return loc, scale, fit.losses - jnp.sum(jnp.log(s))
-
-    locs, fitted_scales, all_losses = jax.vmap(fit_from)(starts, scales, unit_scales)
-    tail = max(1, num_steps // 10)
-    final = jnp.mean(all_losses[:, -tail:], axis=1)
-    final = jnp.where(jnp.isfinite(final), final, jnp.inf)
-    best = jnp.argmin(final)
-    loc, scale, losses = locs[best], fitted_scales[best], all_losses[best]
-    log_weights = gaussian_log_weights(score_key, logdensity_fn, loc, scale, num_score_draws)
-    return WarmStart(
-        loc, scale, losses, best.astype(jnp.int32), log_weights, _converged(losses)
-    )
-
-
-def max_curvature(
-    logdensity_fn: Callable[[jax.Array], jax.Array],
-    z: jax.Array,
-    scale: jax.Array,
-    num_iters: int = 30,
-) -> jax.Array:
-    """The largest |eigenvalue| of S H S, H = -∇² log p̄ at ``z``, S = diag(``scale``),
-    by power iteration on Hessian-vector products (``num_iters`` of them).
-
-    The leapfrog with per-coordinate steps h = ε · scale is stable on the quadratic
-    approximation at ``z`` only while ε · sqrt(λ_max(S H S)) < 2.
+    ``oracle`` (a :class:`RowsOracle`, e.g. :func:`rows_oracle` of ``logdensity_fn``)
+    replaces ``logdensity_fn``: with a compiled one and concrete inputs, the log density
+    is compiled twice in all (value and gradient at ``3 · num_particles`` rows,
+    Hessian-vector products at :data:`HVP_ROWS` rows) and the loops run in Python.
     """
-    grad = jax.grad(logdensity_fn)
+    init_loc = jnp.asarray(init_loc)
+    oracle, host = resolve_oracle(logdensity_fn, oracle, rng_key, init_loc, fallback_scale)
+    rows = 3 * num_particles  # every value-and-gradient call: the VI's three starts
+    dim = init_loc.shape[-1]
+    score_key, fit_key, fallback = _prepare(rng_key, init_loc, fallback_scale, dim, host=host)
 
-    def matvec(v):
-        return -scale * jax.jvp(grad, (z,), (scale * v,))[1]
+    scale0 = curvature_scale(None, init_loc, fallback, oracle=oracle)
+    mode, _ = find_mode(None, init_loc, scale0, mode_steps, oracle=oracle, rows=rows)
+    scale1 = curvature_scale(None, mode, scale0, oracle=oracle)
+    starts, scales, unit_scales = _starts(init_loc, mode, scale0, scale1, fallback, host=host)
 
-    def body(_, carry):
-        v, _ = carry
-        w = matvec(v)
-        norm = jnp.linalg.norm(w)
-        return w / jnp.where(norm > 0, norm, 1.0), norm
-
-    v0 = jnp.ones_like(z) / jnp.sqrt(z.shape[-1])
-    _, lam = jax.lax.fori_loop(0, num_iters, body, (v0, jnp.zeros((), z.dtype)))
-    return lam
+    fits = _fit_starts(
+        oracle, host, fit_key, starts, scales, unit_scales, full_rank, num_steps,
+        learning_rate, num_particles,
+    )
+    loc, scale, losses, best, converged = _pick(
+        fits, starts, scales, full_rank, max(1, num_steps // 10), host=host
+    )
+    log_weights = oracle_log_weights(oracle, score_key, loc, scale, num_score_draws, rows)
+    return WarmStart(loc, scale, losses, best, log_weights, converged)

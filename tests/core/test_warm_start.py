@@ -1,0 +1,142 @@
+"""The warm start driven from Python around a compiled oracle (issue 16, item 1).
+
+* the Python-driven run and the run traced into ``lax`` loops (under ``jit``) are the
+  same computation;
+* its VI stage is ``vmap`` of :func:`fit_gaussian` over the starts (same draws, same
+  Adam), mean-field and full rank;
+* the batched line-search L-BFGS finds the exact mode of a badly scaled Gaussian
+  posterior (normal equations) and a stationary point of a logistic regression;
+* the log density is compiled twice in all (value-and-gradient, Hessian-vector
+  products), and a second warm start of the same shapes compiles nothing.
+"""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+
+from numpyro_uha.core import fit_gaussian
+from numpyro_uha.core.warm_start import (
+    _fit_starts,
+    curvature_scale,
+    find_mode,
+    max_curvature,
+    rows_oracle,
+    warm_start,
+)
+
+SCALES = np.array([1e3, 1e1, 1.0, 1e-1, 1e-2])
+NOISE, PRIOR_SD = 0.5, 1000.0
+
+
+def _regression():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(60, SCALES.size)) * SCALES
+    beta = rng.normal(size=SCALES.size) / SCALES
+    y = X @ beta + NOISE * rng.normal(size=60)
+    return jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32), X, y
+
+
+X, Y, X64, Y64 = _regression()
+
+
+def regression(z):
+    return dist.Normal(0.0, PRIOR_SD).log_prob(z).sum() + dist.Normal(X @ z, NOISE).log_prob(Y).sum()
+
+
+def logistic(z):
+    rng = np.random.default_rng(5)
+    A = jnp.asarray(rng.normal(size=(80, 4)), jnp.float32)
+    t = jnp.asarray(rng.random(80) < 0.5, jnp.float32)
+    return dist.Normal(0.0, 3.0).log_prob(z).sum() + dist.Bernoulli(logits=A @ z).log_prob(t).sum()
+
+
+INIT = jnp.asarray(np.random.default_rng(0).uniform(-2, 2, size=5), jnp.float32)
+
+
+def test_python_driven_and_traced_runs_agree():
+    key = jax.random.PRNGKey(0)
+    host = warm_start(key, None, INIT, 0.1, num_steps=300, oracle=rows_oracle(regression))
+    traced = jax.jit(lambda k: warm_start(k, regression, INIT, 0.1, num_steps=300))(key)
+    assert int(host.start) == int(traced.start)
+    np.testing.assert_allclose(host.loc, traced.loc, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(host.scale, traced.scale, rtol=1e-4)
+    np.testing.assert_allclose(host.losses, traced.losses, rtol=1e-4)
+    np.testing.assert_allclose(host.log_weights, traced.log_weights, rtol=1e-4)
+
+
+def _starts():
+    starts = jnp.stack([INIT, 0.5 * INIT, 2.0 * INIT])
+    scales = jnp.stack([jnp.ones(5), jnp.full(5, 0.01), jnp.full(5, 0.1)])
+    units = jnp.stack([jnp.full(5, 0.1), jnp.ones(5), jnp.full(5, 0.5)])
+    return starts, scales, units
+
+
+def test_vi_stage_is_fit_gaussian_over_the_starts():
+    key = jax.random.PRNGKey(4)
+    starts, scales, units = _starts()
+    for full_rank in (False, True):
+        (loc_u, raw_u), _, losses, _, _ = _fit_starts(
+            rows_oracle(regression), True, key, starts, scales, units, full_rank, 200, 0.01, 8
+        )
+
+        def reference(start, s, unit):
+            init_scale = jnp.diag(unit) if full_rank else unit
+            fit = fit_gaussian(
+                key, lambda u: regression(start + s * u), jnp.zeros(5), init_scale, num_steps=200
+            )
+            return fit.loc, fit.scale, fit.losses
+
+        ref_loc, ref_scale, ref_losses = jax.vmap(reference)(starts, scales, units)
+        np.testing.assert_allclose(losses.T, ref_losses, rtol=1e-4)
+        np.testing.assert_allclose(loc_u, ref_loc, rtol=1e-4, atol=1e-5)
+        raw_scale = jnp.exp(raw_u) if not full_rank else jax.vmap(
+            lambda r: jnp.tril(r, -1) + jnp.diag(jnp.exp(jnp.diagonal(r)))
+        )(raw_u)
+        np.testing.assert_allclose(raw_scale, ref_scale, rtol=1e-4, atol=1e-6)
+
+
+def test_line_search_lbfgs_finds_the_exact_mode():
+    precision = X64.T @ X64 / NOISE**2 + np.eye(5) / PRIOR_SD**2
+    mean = np.linalg.solve(precision, X64.T @ Y64 / NOISE**2)
+    sd = np.sqrt(np.diag(np.linalg.inv(precision)))
+    oracle = rows_oracle(regression)
+    s0 = curvature_scale(None, INIT, 0.1, oracle=oracle)
+    # the curvature diagonal is the precision's (a quadratic: exact at any point)
+    np.testing.assert_allclose(s0, 1.0 / np.sqrt(np.diag(precision)), rtol=1e-3)
+    mode, value = find_mode(None, INIT, s0, oracle=oracle)
+    np.testing.assert_array_less(np.abs(np.asarray(mode) - mean) / sd, 1e-2)
+    assert abs(float(value) - float(regression(jnp.asarray(mean, jnp.float32)))) < 1e-2
+    # a non-quadratic objective: the gradient vanishes at the mode found
+    mode, _ = find_mode(None, jnp.zeros(4), jnp.ones(4), oracle=rows_oracle(logistic))
+    assert float(jnp.max(jnp.abs(jax.grad(logistic)(mode)))) < 1e-3
+    # traced into lax loops: the same point
+    traced, _ = jax.jit(lambda z: find_mode(logistic, z, jnp.ones(4)))(jnp.zeros(4))
+    np.testing.assert_allclose(traced, mode, atol=1e-4)  # float32 stopping points
+
+
+def test_batched_power_iteration_matches_each_point():
+    oracle = rows_oracle(logistic)
+    points = jax.random.normal(jax.random.PRNGKey(1), (7, 4))
+    scale = jnp.asarray([1.0, 0.5, 2.0, 0.1])
+    batch = max_curvature(None, points, scale, num_iters=100, oracle=oracle)
+    for z, lam in zip(points, batch):
+        h = -jax.hessian(logistic)(z)
+        exact = np.linalg.eigvalsh(np.asarray(scale[:, None] * h * scale[None, :]))[-1]
+        np.testing.assert_allclose(lam, exact, rtol=1e-3)
+
+
+def test_log_density_compiled_twice_and_a_second_run_compiles_nothing(caplog):
+    oracle = rows_oracle(logistic)
+    init = jnp.zeros(4)
+    fit = warm_start(jax.random.PRNGKey(0), None, init, 0.1, num_steps=100, oracle=oracle)
+    max_curvature(None, jnp.broadcast_to(fit.loc, (65, 4)), fit.scale, oracle=oracle)
+    assert oracle.value_and_grad._cache_size() == 1
+    assert oracle.hvp._cache_size() == 1
+    key, other = jax.random.PRNGKey(1), init + 0.5
+    with caplog.at_level(logging.WARNING, logger="jax"), jax.log_compiles(True):
+        warm_start(key, None, other, 0.2, num_steps=100, oracle=oracle)
+    compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.getMessage()]
+    assert compiled == []

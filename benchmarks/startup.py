@@ -8,15 +8,22 @@ included, no compilation cache), ``--repeats`` times, median reported. Guides:
 cost: the ELBO of the q UHA starts from (mean log weight of 256 draws, with its standard
 error), the bound UHA training must improve on.
 
-Run: ``python -m benchmarks.startup [--models ...] [--repeats 3]``.
+``--baseline REF`` also times ``UHAGuide`` at git revision REF (a temporary worktree of
+this repository, the same Python environment), each repeat interleaved with the current
+tree's, so the two columns share the machine's state.
+
+Run: ``python -m benchmarks.startup [--models ...] [--repeats 3] [--baseline REF]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -50,9 +57,13 @@ print("RESULT", json.dumps({"seconds": seconds, "start_elbo": start_elbo}))
 """
 
 
-def time_init(model: str, guide: str) -> dict:
+def time_init(model: str, guide: str, tree: str | None = None) -> dict:
+    env = dict(os.environ)
+    if tree is not None:  # the package and benchmarks of another checkout
+        env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, model, guide], capture_output=True, text=True, check=False,
+        [sys.executable, "-c", _CHILD, model, guide], capture_output=True, text=True,
+        check=False, env=env, cwd=tree,
     )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -66,21 +77,28 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--name", default="startup")
     parser.add_argument("--smoke", action="store_true", help="one model, one repeat")
+    parser.add_argument("--baseline", default=None, help="git revision to time UHAGuide at too")
     args = parser.parse_args(argv)
     if args.smoke:
         args.models, args.repeats = ["hierarchical_logistic"], 1
 
-    rows = {}
-    for model in args.models:
-        rows[model] = {}
-        for guide in GUIDES:
-            runs = [time_init(model, guide) for _ in range(args.repeats)]
-            secs = [r["seconds"] for r in runs]
-            rows[model][guide] = {
-                "seconds": secs, "median_s": float(np.median(secs)),
-                "start_elbo": runs[0]["start_elbo"],
-            }
-            print(model, guide, rows[model][guide], flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        baseline_tree = None
+        if args.baseline:
+            baseline_tree = str(Path(tmp) / "baseline")
+            root = Path(__file__).resolve().parents[1]
+            subprocess.run(
+                ["git", "-C", str(root), "worktree", "add", "--detach", baseline_tree, args.baseline],
+                check=True, capture_output=True,
+            )
+        try:
+            rows = _time_all(args, baseline_tree)
+        finally:
+            if baseline_tree:
+                subprocess.run(
+                    ["git", "-C", str(Path(__file__).resolve().parents[1]), "worktree", "remove",
+                     "--force", baseline_tree], check=False, capture_output=True,
+                )
 
     table = (
         f"`svi.init` in a fresh process (imports excluded, JAX's first-use compilation "
@@ -90,13 +108,52 @@ def main(argv=None):
         "| model | AutoNormal (s) | UHAGuide (s) | UHAGuide − AutoNormal (s) | "
         "UHAGuide, warm_start_steps=0 (s) | start ELBO |\n|---|---|---|---|---|---|\n"
     )
+    if args.baseline:
+        table = table.replace(
+            "| start ELBO |\n|---|---|---|---|---|---|\n",
+            f"| start ELBO | UHAGuide at {args.baseline} (s) | its start ELBO |\n"
+            "|---|---|---|---|---|---|---|---|\n",
+        )
     for model, r in rows.items():
         an, uha, cold = (r[g]["median_s"] for g in GUIDES)
-        elbo = r["UHAGuide"]["start_elbo"]
-        elbo_cell = f"{elbo[0]:.2f} ± {elbo[1]:.2f}" if elbo else "—"
-        table += f"| {model} | {an:.2f} | {uha:.2f} | {uha - an:+.2f} | {cold:.2f} | {elbo_cell} |\n"
-    path = write_results(args.name, {"rows": rows, "repeats": args.repeats}, table)
+        elbo_cell = _elbo_cell(r["UHAGuide"]["start_elbo"])
+        table += f"| {model} | {an:.2f} | {uha:.2f} | {uha - an:+.2f} | {cold:.2f} | {elbo_cell} |"
+        if args.baseline:
+            base = r[BASELINE]
+            table += f" {base['median_s']:.2f} | {_elbo_cell(base['start_elbo'])} |"
+        table += "\n"
+    result = {"rows": rows, "repeats": args.repeats, "baseline": args.baseline}
+    path = write_results(args.name, result, table)
     print(path.read_text())
+
+
+BASELINE = "UHAGuide (baseline)"
+
+
+def _elbo_cell(elbo):
+    return f"{elbo[0]:.2f} ± {elbo[1]:.2f}" if elbo else "—"
+
+
+def _time_all(args, baseline_tree):
+    rows = {}
+    for model in args.models:
+        rows[model] = {}
+        runs = {guide: [] for guide in GUIDES}
+        if baseline_tree:
+            runs[BASELINE] = []
+        for _ in range(args.repeats):  # interleaved: every guide once per round
+            for guide in GUIDES:
+                runs[guide].append(time_init(model, guide))
+            if baseline_tree:
+                runs[BASELINE].append(time_init(model, "UHAGuide", baseline_tree))
+        for guide, results in runs.items():
+            secs = [r["seconds"] for r in results]
+            rows[model][guide] = {
+                "seconds": secs, "median_s": float(np.median(secs)),
+                "start_elbo": results[0]["start_elbo"],
+            }
+            print(model, guide, rows[model][guide], flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -230,7 +230,8 @@ class UHAGuide(AutoContinuous):
     paper's starting point, robustly to the posterior's scales
     (:func:`~numpyro_uha.core.warm_start.warm_start`: an L-BFGS mode and its Laplace
     scales, then ``warm_start_steps`` Adam steps of VI from three starts, the best kept;
-    a warning says when it had not converged), and Σ is set to the inverse of q's
+    a warning says when it had not converged; the log density compiled in two small
+    programs, the loops run in Python around them), and Σ is set to the inverse of q's
     variances so that ε is in units of the posterior scale. After a warm start (or
     ``init_from``) the defaults that make training hold at common learning rates are on:
 

@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
+
 from benchmark_smoke import run_smoke
 
 
-# Not marked slow: about 25 s on 2 cores (mostly compiling the VAE, IWAE, two UHA, forward
-# and reverse AIS programs, with XLA's backend optimizations off).
+# Marked slow: 25-40 s on 2 cores (mostly compiling the VAE, IWAE, two UHA, forward and
+# reverse AIS programs, with XLA's backend optimizations off); run with `pytest -m slow`.
+@pytest.mark.slow
 def test_vae_smoke(tmp_path):
     run_smoke("vae", tmp_path)
     payload = json.loads((tmp_path / "smoke.json").read_text())

@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -29,6 +30,9 @@ def _init(data):
     return V.init_params(jax.random.PRNGKey(3), TINY, data.pixel_mean)
 
 
+# Marked slow (40-50 s each on 2 cores, training the benchmark's rows) to keep the default
+# suite short; run with `pytest -m slow`.
+@pytest.mark.slow
 def test_uha_row_test_elbo_is_the_mean_of_the_guides_log_weights():
     data = _toy_data()
     K, S = 3, 5
@@ -64,6 +68,9 @@ def _changed(a, b):
     return not np.array_equal(np.asarray(a), np.asarray(b))
 
 
+# Marked slow (40-50 s each on 2 cores, training the benchmark's rows) to keep the default
+# suite short; run with `pytest -m slow`.
+@pytest.mark.slow
 def test_paper_uha_row_freezes_the_encoder_and_the_untuned_groups():
     data = _toy_data()
     init = _init(data)

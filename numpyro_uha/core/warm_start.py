@@ -49,6 +49,7 @@ import numpy as np
 import optax
 
 from numpyro_uha.core.gaussian import gaussian_logpdf, gaussian_sample
+from numpyro_uha.core.vi import _raw_to_scale, _scale_to_raw
 
 __all__ = [
     "RowsOracle",
@@ -389,18 +390,6 @@ def find_mode(
 
 
 # ---------------------------------------------------------------------------- VI
-def _scale_to_raw(scale):
-    if scale.ndim == 2:
-        return jnp.tril(scale, -1) + jnp.diag(jnp.log(jnp.diagonal(scale)))
-    return jnp.log(scale)
-
-
-def _raw_to_scale(raw):
-    if raw.ndim == 2:
-        return jnp.tril(raw, -1) + jnp.diag(jnp.exp(jnp.diagonal(raw)))
-    return jnp.exp(raw)
-
-
 def _adam(learning_rate, num_steps):
     return optax.adam(optax.cosine_decay_schedule(learning_rate, num_steps, alpha=0.01))
 

@@ -50,11 +50,14 @@ def devices(out):
     from numpyro.infer import SVI, Trace_ELBO
 
     from numpyro_uha import UHAGuide, shard_particles
-    from numpyro_uha.evaluation import hais, log_z
+    from numpyro_uha.evaluation import hais, log_z, log_z_bracket, sandwich
+    from numpyro_uha.evaluation.estimators import _GUIDE_PROGRAMS, _build_reverse, _guide_program
+    from numpyro_uha.guide import _split_static
 
     X, y = data()
     mesh = jax.make_mesh((jax.device_count(),), ("draws",))
     result = {"device_count": jax.device_count()}
+    posterior = None  # the single-device run's draws stand in for exact posterior draws
     for name, sharding in (("single", None), ("sharded", mesh)):
         guide = UHAGuide(model, K=4, warm_start_steps=100, sharding=sharding)
         vectorize = True if sharding is None else shard_particles(mesh)
@@ -66,12 +69,20 @@ def devices(out):
         )
         est = log_z(guide, jax.random.PRNGKey(2), run.params, X, y, num_draws=300)
         h = hais(guide, jax.random.PRNGKey(3), run.params, X, y, num_draws=256)
+        posterior = posterior or {"w": np.asarray(draws.samples["w"])}
+        # 200 reverse chains in chunks of 64 (the last one filled up)
+        sw = sandwich(guide, jax.random.PRNGKey(4), run.params, posterior, X, y,
+                      num_draws=64, batch_size=64)
+        br = log_z_bracket(guide, jax.random.PRNGKey(5), run.params, posterior, X, y,
+                           num_q_draws=1000, batch_size=256)
         result[name] = {
             "losses": np.asarray(run.losses).tolist(),
             "w": np.asarray(draws.samples["w"]).tolist(),
             "log_weights": np.asarray(draws.log_weights).tolist(),
             "log_z": [est.elbo, est.iw],
             "hais": [h.log_z.elbo, h.log_z.iw],
+            "sandwich": [sw.lower.elbo, sw.upper, sw.upper_iw],
+            "bracket": [br.lower, br.upper],
         }
         if sharding is not None:
             # where the draws are: a 256-draw call is one chunk, returned as computed
@@ -82,6 +93,22 @@ def devices(out):
                 "num_devices": len(one_chunk.sharding.device_set),
                 "shard_shape": list(one_chunk.sharding.shard_shape(one_chunk.shape)),
             }
+            # where sandwich's reverse chains run: its program on one chunk of 64
+            _, spec = _split_static(((X, y), {}))
+            reverse = _guide_program(guide, "reverse", spec, _build_reverse,
+                                     corrected=False, sharding=guide.sharding)
+            # host inputs: only the program's own constraints split the chains
+            chunk = reverse(jax.random.PRNGKey(4), np.arange(64, dtype=np.uint32),
+                            np.zeros((64, 3), np.float32), run.params, (X, y))
+            result["reverse_sharding"] = {
+                "num_devices": len(chunk.sharding.device_set),
+                "shard_shape": list(chunk.sharding.shard_shape(chunk.shape)),
+            }
+            # the programs sandwich and log_z_bracket built: (kind, sharded)
+            result["programs"] = sorted({
+                (key[0], dict(key[4]).get("sharding") is not None)
+                for key in _GUIDE_PROGRAMS[guide] if key[0] in ("reverse", "bracket")
+            })
             # what XLA compiled for a training step: the model's logits, (particles, 60)
             state = svi.init(jax.random.PRNGKey(0), X, y)
             text = jax.jit(svi.update).lower(state, X, y).compile().as_text()

@@ -67,6 +67,8 @@ def test_sharded_estimators_equal_single_device(four_devices):
     single, sharded = four_devices["single"], four_devices["sharded"]
     np.testing.assert_allclose(sharded["log_z"], single["log_z"], rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(sharded["hais"], single["hais"], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(sharded["sandwich"], single["sandwich"], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(sharded["bracket"], single["bracket"], rtol=RTOL, atol=ATOL)
 
 
 def test_draws_and_steps_are_partitioned(four_devices):
@@ -74,6 +76,10 @@ def test_draws_and_steps_are_partitioned(four_devices):
     draws come back spread over the four devices, 64 of 256 on each, and XLA compiled
     the training step's model at 2 of the 8 particles per device."""
     assert four_devices["draw_sharding"] == {"num_devices": 4, "shard_shape": [64]}
+    # sandwich's reverse chains too: 16 of a chunk of 64 on each device; sandwich and
+    # log_z_bracket built only their sharded programs
+    assert four_devices["reverse_sharding"] == {"num_devices": 4, "shard_shape": [16]}
+    assert four_devices["programs"] == [["bracket", True], ["reverse", True]]
     step = four_devices["step_hlo"]
     assert step["per_device_logits"] > 0 and step["all_particle_logits"] == 0, step
 

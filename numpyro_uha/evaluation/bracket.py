@@ -274,26 +274,42 @@ def log_z_bracket(
         print(log_z_bracket(guide, random.PRNGKey(3), params, mcmc.get_samples(),
                             *model_args, num_chains=4))
     """
-    from numpyro_uha.evaluation.estimators import _guide_positions, _guide_program
+    from numpyro_uha.evaluation.estimators import (
+        _guide_positions,
+        _guide_program,
+        _replicated,
+        _rows_on_devices,
+    )
 
     positions, arrays, spec = _guide_positions(guide, params, posterior_samples, args, kwargs)
-    program = _guide_program(guide, "bracket", spec, _build_log_ratio)
-    model_params = guide._model_params_in(params)
+    # the draws split over the guide's devices, as its own draws are
+    sharding = guide.sharding
+    program = _rows_on_devices(
+        _guide_program(guide, "bracket", spec, _build_log_ratio, sharding=sharding), sharding
+    )
+    model_params, arrays = _replicated(sharding, (guide._model_params_in(params), arrays))
+
+    def log_ratio(z, gaussian):
+        return program((z,), _replicated(sharding, gaussian), model_params, arrays)
+
     return _bracket(
-        rng_key, lambda z, gaussian: program(z, gaussian, model_params, arrays), positions,
+        rng_key, log_ratio, positions,
         num_chains=num_chains, num_q_draws=num_q_draws, batch_size=batch_size,
     )
 
 
-def _build_log_ratio(guide_ref, spec):
+def _build_log_ratio(guide_ref, spec, sharding=None):
     """jit of ``(z, gaussian, model_params, arrays) -> log p̄(z) − log q̂(z)`` for a guide's
     model with arguments of structure ``spec`` (see
-    :func:`~numpyro_uha.evaluation.estimators._guide_program`)."""
+    :func:`~numpyro_uha.evaluation.estimators._guide_program`), the rows of ``z`` split
+    over ``sharding``'s devices where given."""
+    from numpyro_uha.core.sharding import shard_leading
     from numpyro_uha.guide import _merge_static
 
     def run(z, gaussian, model_params, arrays):
+        z = shard_leading(z, sharding)
         args, kwargs = _merge_static(arrays, spec)
         logdensity_fn = guide_ref()._make_logdensity(args, kwargs, model_params)
-        return _log_ratio(jax.vmap(logdensity_fn)(z), z, gaussian)
+        return shard_leading(_log_ratio(jax.vmap(logdensity_fn)(z), z, gaussian), sharding)
 
     return jax.jit(run)

@@ -38,6 +38,7 @@ from numpyro_uha.core import (
     reverse_annealed_sample,
 )
 from numpyro_uha.core.batching import batched_map
+from numpyro_uha.core.sharding import gather, num_shards, put_global, shard_leading
 from numpyro_uha.evaluation.logz import LogZEstimate, log_z_from_weights
 
 __all__ = [
@@ -474,7 +475,7 @@ def _build_latent(guide_ref, spec):
     return jax.jit(run)
 
 
-def _build_reverse(guide_ref, spec, corrected):
+def _build_reverse(guide_ref, spec, corrected, sharding=None):
     """jit of ``(rng_key, index, positions, params, arrays) -> log w`` of the reverse
     chains started at ``positions`` (one chunk, all of them vectorized together), chain
     ``index[j]`` with the key ``fold_in(rng_key, index[j])``.
@@ -485,11 +486,13 @@ def _build_reverse(guide_ref, spec, corrected):
     the keys an input instead, XLA:CPU ran two batched triangular solves of the LKJ zoo
     model concurrently, and jaxlib 0.10's LAPACK kernels, each waiting on the intra-op
     pool the other occupies, hung at 0 % CPU (2 cores; see
-    :func:`~numpyro_uha.core.batching.batched_map`).
+    :func:`~numpyro_uha.core.batching.batched_map`). With ``sharding``, the chains of the
+    chunk are split over its devices (see :func:`_rows_on_devices`).
     """
     from numpyro_uha.guide import _merge_static
 
     def run(rng_key, index, positions, params, arrays):
+        index, positions = shard_leading((index, positions), sharding)
         guide = guide_ref()
         args, kwargs = _merge_static(arrays, spec)
         annealing = guide.get_annealing_params(params)
@@ -505,9 +508,40 @@ def _build_reverse(guide_ref, spec, corrected):
             )
             return log_w
 
-        return batched_map(one, (keys, positions), index.shape[0])
+        return shard_leading(batched_map(one, (keys, positions), index.shape[0]), sharding)
 
     return jax.jit(run)
+
+
+def _rows_on_devices(program, sharding):
+    """``program(rows, *rest)`` returning a host array, with the arrays of the tuple ``rows``
+    (one row per chain or draw) split over ``sharding``'s devices, as the guide's draws
+    are; ``rest`` must already be replicated on its mesh (``_on_mesh``). A chunk whose rows
+    do not split evenly is filled up with copies of its first rows (computed and dropped).
+    Without ``sharding``: ``program`` as it is."""
+    if sharding is None:
+        return lambda rows, *rest: np.asarray(program(*rows, *rest))
+    shards = num_shards(sharding)
+
+    def run(rows, *rest):
+        rows = [np.asarray(r) for r in rows]
+        n = rows[0].shape[0]
+        pad = -n % shards
+        if pad:
+            rows = [np.concatenate([r, np.resize(r, (pad,) + r.shape[1:])]) for r in rows]
+        return gather(program(*(put_global(r, sharding) for r in rows), *rest))[:n]
+
+    return run
+
+
+def _replicated(sharding, tree):
+    """``tree`` replicated on ``sharding``'s mesh (as the guide's draws place their
+    parameters and data), or as it is without sharding."""
+    if sharding is None:
+        return tree
+    from numpyro_uha.guide import _on_mesh
+
+    return jax.tree.map(lambda x: _on_mesh(sharding, x), tree)
 
 
 def _chain_keys(rng_key, num, params, arrays):
@@ -706,10 +740,20 @@ def sandwich(
     num_transitions = int(annealing.betas.shape[0])
     lower = log_z_from_weights(np.asarray(draws.log_weights, np.float64), num_transitions)
 
-    reverse = _guide_program(guide, "reverse", spec, _build_reverse, corrected=bool(corrected))
+    # the reverse chains split over the guide's devices as its draws are (keys derived
+    # from the chains' indices, so the result does not depend on the device count)
+    sharding = guide.sharding
+    program = _guide_program(
+        guide, "reverse", spec, _build_reverse, corrected=bool(corrected), sharding=sharding
+    )
+    key_reverse, params, arrays = _replicated(sharding, (key_reverse, params, arrays))
+    reverse = _rows_on_devices(
+        lambda index, starts, *rest: program(key_reverse, index, starts, *rest), sharding
+    )
     width = _chunk_width(num_reverse, batch_size)
+    width = -(-width // num_shards(sharding)) * num_shards(sharding)  # whole shards
     reverse_log_w = _in_chunks(
-        lambda index, starts: reverse(key_reverse, index, starts, params, arrays),
+        lambda index, starts: reverse((index, starts), params, arrays),
         num_reverse, width, np.arange(num_reverse, dtype=np.uint32),
         positions.astype(np.dtype(annealing.loc.dtype)),
     ).astype(np.float64)

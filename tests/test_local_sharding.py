@@ -13,6 +13,11 @@ import pytest
 from test_sharding import ATOL, RTOL, _run, _wait
 
 
+# The whole file is slow (a 4-device subprocess, about 45 s on 2 cores): test_sharding.py
+# checks the same mechanism for UHAGuide in the default suite; run with `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def local_four_devices(tmp_path_factory):
     out = tmp_path_factory.mktemp("local_sharding") / "local.json"

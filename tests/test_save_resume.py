@@ -95,7 +95,11 @@ def _model(y):
         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
 
 
-@pytest.mark.parametrize("dumps, loads", [(pickle.dumps, pickle.loads), (cloudpickle.dumps, pickle.loads)],
+@pytest.mark.parametrize("dumps, loads", [
+    (pickle.dumps, pickle.loads),
+    # cloudpickle (what multiprocessing-style tools use): 24 s more on 2 cores, slow
+    pytest.param(cloudpickle.dumps, pickle.loads, marks=pytest.mark.slow),
+],
                          ids=["pickle", "cloudpickle"])
 def test_guide_pickles_at_every_stage(dumps, loads):
     y = jnp.array([0.3, -0.1, 0.8])

@@ -84,9 +84,9 @@ def main(argv=None):
 
     with tempfile.TemporaryDirectory() as tmp:
         baseline_tree = None
+        root = Path(__file__).resolve().parents[1]
         if args.baseline:
             baseline_tree = str(Path(tmp) / "baseline")
-            root = Path(__file__).resolve().parents[1]
             subprocess.run(
                 ["git", "-C", str(root), "worktree", "add", "--detach", baseline_tree, args.baseline],
                 check=True, capture_output=True,
@@ -96,8 +96,8 @@ def main(argv=None):
         finally:
             if baseline_tree:
                 subprocess.run(
-                    ["git", "-C", str(Path(__file__).resolve().parents[1]), "worktree", "remove",
-                     "--force", baseline_tree], check=False, capture_output=True,
+                    ["git", "-C", str(root), "worktree", "remove", "--force", baseline_tree],
+                    check=False, capture_output=True,
                 )
 
     table = (

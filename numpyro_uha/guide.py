@@ -576,8 +576,8 @@ class UHAGuide(AutoContinuous):
             oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params), compiled=False)
         else:
             programs = {
-                kind: self._program(self._oracle_impl, spec, kind=kind)
-                for kind in ("value_and_grad", "hvp")
+                part: self._program(self._oracle_impl, spec, part=part)
+                for part in ("value_and_grad", "hvp")
             }
             oracle = RowsOracle(
                 lambda zs: programs["value_and_grad"](zs, None, arrays, model_params),
@@ -599,15 +599,12 @@ class UHAGuide(AutoContinuous):
         log_weights = oracle_log_weights(oracle, rng_key, loc, scale, START_ELBO_DRAWS, rows)
         return log_weights, _curvature(oracle, loc, scale)
 
-    def _oracle_impl(self, zs, vs, arrays, model_params, *, spec, kind):
-        """The log density at rows ``zs``: value and gradient, or (``kind="hvp"``)
-        Hessian-vector products with the rows ``vs``."""
+    def _oracle_impl(self, zs, vs, arrays, model_params, *, spec, part):
+        """One part of the log density's :class:`RowsOracle` at rows ``zs``: value and
+        gradient, or (``part="hvp"``) Hessian-vector products with the rows ``vs``."""
         args, kwargs = _merge_static(arrays, spec)
-        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
-        if kind == "value_and_grad":
-            return jax.vmap(jax.value_and_grad(logdensity_fn))(zs)
-        grad = jax.grad(logdensity_fn)
-        return jax.vmap(lambda z, v: jax.jvp(grad, (z,), (v,))[1])(zs, vs)
+        oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params), compiled=False)
+        return oracle.value_and_grad(zs) if part == "value_and_grad" else oracle.hvp(zs, vs)
 
     def _q_from_fitted(self, guide, params):
         """(loc, scale) of a fitted Gaussian AutoGuide, in this guide's latent layout."""
@@ -1070,7 +1067,7 @@ class UHAGuide(AutoContinuous):
         if sharding is not None and concrete:
             # parameters and data replicated on the mesh (data already on it stay as
             # they are); keys placed below, chunk by chunk
-            params, arrays = jax.tree.map(partial(_on_mesh, sharding), (params, arrays))
+            params, arrays = _on_mesh(sharding, (params, arrays))
         draw = partial(
             self._jitted_draws[spec], params=params, arrays=arrays, spec=spec,
             corrected=corrected, with_info=with_info, with_samples=with_samples,
@@ -1486,9 +1483,9 @@ def _stability_ceiling(lam, s):
 _split_keys = jax.jit(jax.random.split, static_argnums=1)
 
 
-def _hashable(spec) -> bool:
+def _hashable(obj) -> bool:
     try:
-        hash(spec)
+        hash(obj)
     except TypeError:
         return False
     return True
@@ -1500,9 +1497,7 @@ def _jit_once(cache: dict, impl, spec, **static):
     unhashable static leaf (a model argument JAX cannot trace and Python cannot hash)."""
     fn = partial(impl, spec=spec, **static)
     key = (impl.__name__, spec, tuple(sorted(static.items())))
-    try:
-        hash(key)
-    except TypeError:
+    if not _hashable(key):
         return fn
     if key not in cache:
         cache[key] = jax.jit(fn)
@@ -1545,15 +1540,22 @@ def _chunk_bucket(num_draws: int) -> int:
     return three_quarters if three_quarters >= num_draws else power
 
 
-def _on_mesh(sharding, x):
-    """``x`` replicated on ``sharding``'s mesh, unless it is already placed on it."""
-    if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and (
-        x.sharding.mesh == sharding.mesh
-    ):
-        return x
-    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        return x
-    return put_global(x, replicated(sharding))
+def _on_mesh(sharding, tree):
+    """The array leaves of ``tree`` replicated on ``sharding``'s mesh, except those
+    already placed on it; ``tree`` as it is without ``sharding``."""
+    if sharding is None:
+        return tree
+
+    def place(x):
+        if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and (
+            x.sharding.mesh == sharding.mesh
+        ):
+            return x
+        if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+            return x
+        return put_global(x, replicated(sharding))
+
+    return jax.tree.map(place, tree)
 
 
 def _data_fingerprint(arrays, spec):

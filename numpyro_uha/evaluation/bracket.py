@@ -277,9 +277,9 @@ def log_z_bracket(
     from numpyro_uha.evaluation.estimators import (
         _guide_positions,
         _guide_program,
-        _replicated,
         _rows_on_devices,
     )
+    from numpyro_uha.guide import _on_mesh
 
     positions, arrays, spec = _guide_positions(guide, params, posterior_samples, args, kwargs)
     # the draws split over the guide's devices, as its own draws are
@@ -287,10 +287,10 @@ def log_z_bracket(
     program = _rows_on_devices(
         _guide_program(guide, "bracket", spec, _build_log_ratio, sharding=sharding), sharding
     )
-    model_params, arrays = _replicated(sharding, (guide._model_params_in(params), arrays))
+    model_params, arrays = _on_mesh(sharding, (guide._model_params_in(params), arrays))
 
     def log_ratio(z, gaussian):
-        return program((z,), _replicated(sharding, gaussian), model_params, arrays)
+        return program((z,), _on_mesh(sharding, gaussian), model_params, arrays)
 
     return _bracket(
         rng_key, log_ratio, positions,

@@ -516,7 +516,7 @@ def _build_reverse(guide_ref, spec, corrected, sharding=None):
 def _rows_on_devices(program, sharding):
     """``program(rows, *rest)`` returning a host array, with the arrays of the tuple ``rows``
     (one row per chain or draw) split over ``sharding``'s devices, as the guide's draws
-    are; ``rest`` must already be replicated on its mesh (``_on_mesh``). A chunk whose rows
+    are; ``rest`` must already be replicated on its mesh (``guide._on_mesh``). A chunk whose rows
     do not split evenly is filled up with copies of its first rows (computed and dropped).
     Without ``sharding``: ``program`` as it is."""
     if sharding is None:
@@ -533,15 +533,6 @@ def _rows_on_devices(program, sharding):
 
     return run
 
-
-def _replicated(sharding, tree):
-    """``tree`` replicated on ``sharding``'s mesh (as the guide's draws place their
-    parameters and data), or as it is without sharding."""
-    if sharding is None:
-        return tree
-    from numpyro_uha.guide import _on_mesh
-
-    return jax.tree.map(lambda x: _on_mesh(sharding, x), tree)
 
 
 def _chain_keys(rng_key, num, params, arrays):
@@ -740,13 +731,15 @@ def sandwich(
     num_transitions = int(annealing.betas.shape[0])
     lower = log_z_from_weights(np.asarray(draws.log_weights, np.float64), num_transitions)
 
+    from numpyro_uha.guide import _on_mesh
+
     # the reverse chains split over the guide's devices as its draws are (keys derived
     # from the chains' indices, so the result does not depend on the device count)
     sharding = guide.sharding
     program = _guide_program(
         guide, "reverse", spec, _build_reverse, corrected=bool(corrected), sharding=sharding
     )
-    key_reverse, params, arrays = _replicated(sharding, (key_reverse, params, arrays))
+    key_reverse, params, arrays = _on_mesh(sharding, (key_reverse, params, arrays))
     reverse = _rows_on_devices(
         lambda index, starts, *rest: program(key_reverse, index, starts, *rest), sharding
     )

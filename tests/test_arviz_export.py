@@ -37,6 +37,11 @@ def fitted():
     return fit_guide()
 
 
+def marginal_sd(scale):
+    """q's marginal sds from its scale parameter (a vector, or a Cholesky factor)."""
+    return scale if scale.ndim == 1 else jnp.sqrt(jnp.sum(scale**2, axis=-1))
+
+
 @pytest.fixture(scope="module")
 def draws(fitted):
     guide, params = fitted
@@ -294,9 +299,10 @@ def test_loo_uses_the_importance_weights(fitted, exact_loo):
     its raw draws are too spread out and their LOO is off by far more than the Monte Carlo
     error; resampled by their weights (k̂ < 0.5), they agree with the exact posterior's."""
     guide, params = fitted
+    scale = guide._param_name("scale")  # auto_scale, or auto_scale_tril for full rank
     poor = dict(params)
-    poor["auto_loc"] = params["auto_loc"] + params["auto_scale"]
-    poor["auto_scale"] = 1.5 * params["auto_scale"]
+    poor["auto_loc"] = params["auto_loc"] + marginal_sd(params[scale])
+    poor[scale] = 1.5 * params[scale]
     poor_draws = guide.sample_posterior_with_log_weights(
         jax.random.PRNGKey(8), poor, Y, sample_shape=(N_DRAWS,)
     )
@@ -333,9 +339,10 @@ def test_khat_is_lower_for_the_trained_guide_than_for_a_poor_one(fitted, draws):
     guide, params = fitted
     # a deliberately poor proposal: q shifted by 2 of its own sds and made half as wide,
     # so exp(log w) has a heavy right tail
+    scale = guide._param_name("scale")
     poor = dict(params)
-    poor["auto_loc"] = params["auto_loc"] + 2 * params["auto_scale"]
-    poor["auto_scale"] = 0.5 * params["auto_scale"]
+    poor["auto_loc"] = params["auto_loc"] + 2 * marginal_sd(params[scale])
+    poor[scale] = 0.5 * params[scale]
     poor_draws = guide.sample_posterior_with_log_weights(
         jax.random.PRNGKey(2), poor, Y, sample_shape=(N_DRAWS,)
     )

@@ -371,14 +371,15 @@ def test_frozen_groups_are_params_that_do_not_move_and_jitted_updates_train():
     params = svi.get_params(state)
     assert set(params) == set(before)
     # frozen groups are in params (the whole fit), with their values unchanged
-    for name in ("auto_loc", "auto_scale", "auto_beta_logits"):
+    for name in ("auto_loc", guide._param_name("scale"), "auto_beta_logits"):
         np.testing.assert_array_equal(params[name], before[name])
     assert_all_finite(params)
     assert not np.allclose(params["auto_step_size"], before["auto_step_size"])
 
     annealing = guide.get_annealing_params(params)
     assert isinstance(annealing, AnnealingParams)
-    assert annealing.loc.shape == (4,) and annealing.scale.shape == (4,)
+    # d = 4: a full-rank q by default (base_dist="auto")
+    assert annealing.loc.shape == (4,) and annealing.scale.shape == (4, 4)
     assert annealing.step_sizes.shape == (2,)
     assert_all_finite(annealing)
     # frozen groups keep their initial values: q and the linear schedule

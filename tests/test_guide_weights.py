@@ -54,7 +54,9 @@ def perturbed_params(guide, params, seed):
     d, K = guide.latent_dim, guide.K
     new = dict(params)
     new["auto_loc"] = params["auto_loc"] + 0.3 * rng.normal(size=d)
-    new["auto_scale"] = params["auto_scale"] * rng.uniform(0.7, 1.5, d)
+    scale = guide._param_name("scale")  # a vector, or a Cholesky factor (rows scaled)
+    factor = rng.uniform(0.7, 1.5, d)
+    new[scale] = params[scale] * (factor if params[scale].ndim == 1 else factor[:, None])
     new["auto_step_size"] = jnp.asarray(0.3 * guide.max_step_size)
     new["auto_step_size_slope"] = jnp.asarray(rng.normal())
     new["auto_damping"] = jnp.asarray(rng.uniform(0.3, 0.95))

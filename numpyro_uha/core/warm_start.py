@@ -13,13 +13,16 @@ posterior's scales, then runs the same VI in coordinates where every scale is ab
    direction (2⁸, 2⁷, …, 1, ½, …) and moves to the lowest of those that decrease the
    objective enough (Armijo); a step with yᵀs ≤ 0 restarts the L-BFGS memory.
 2. **A Laplace approximation** at that mode: N(mode, diag(s²)) with the curvature
-   scales at the mode.
+   scales at the mode; for a full-rank q, N(mode, H⁻¹) with the whole Hessian (d
+   Hessian-vector products on unit vectors: the columns the diagonal was read from),
+   where it is positive definite.
 3. **VI from three starts, side by side**: z = m + s ⊙ u (or m + diag(s) L_u u for full
    rank), q_u fitted as :func:`~numpyro_uha.core.fit_gaussian` does (Adam, cosine-decayed
    learning rate, the same draws at every step for all three starts) (a) in the model's
    own coordinates from N(init_loc, fallback_scale²), the plain warm start; (b) from
    init_loc, standardized by the curvature there; (c) from the Laplace approximation,
-   standardized by it. The fit with the lowest final loss (mean over its last tenth) is
+   standardized by it (for full rank, with L_u the Cholesky factor of the standardized
+   H⁻¹, so a Gaussian posterior is fitted before the first step). The fit with the lowest final loss (mean over its last tenth) is
    kept: the mode of a hierarchical or time-series model can be a degenerate spike (a
    scale → 0) that VI in the spike's coordinates cannot leave, and curvature at a random
    start can mislead, while on a badly scaled regression only a standardized start
@@ -56,6 +59,7 @@ __all__ = [
     "WarmStart",
     "curvature_scale",
     "find_mode",
+    "hessian_matrix",
     "max_curvature",
     "oracle_log_weights",
     "rows_oracle",
@@ -201,6 +205,65 @@ def _curvature_step(diag, hv, c, z, rows):
     part = jnp.sum(units(c) * hv, axis=-1)
     diag = jnp.where(c >= 0, jax.lax.dynamic_update_slice_in_dim(diag, part, jnp.maximum(c, 0) * rows, 0), diag)
     return diag, jnp.broadcast_to(z, (rows, dim)), units(c + 1)
+
+
+@small_jit(static_argnums=(4,))
+def _hessian_step(hessian, hv, c, z, rows):
+    """Like :func:`_curvature_step`, keeping chunk ``c``'s whole products: row i of
+    ``hessian`` becomes ∇² log p̄ e_i."""
+    dim = z.shape[-1]
+
+    def units(chunk):
+        index = chunk * rows + jnp.arange(rows)
+        return (index[:, None] == jnp.arange(dim)[None, :]).astype(z.dtype)
+
+    updated = jax.lax.dynamic_update_slice_in_dim(hessian, hv, jnp.maximum(c, 0) * rows, 0)
+    hessian = jnp.where(c >= 0, updated, hessian)
+    return hessian, jnp.broadcast_to(z, (rows, dim)), units(c + 1)
+
+
+def hessian_matrix(
+    logdensity_fn: Callable[[jax.Array], jax.Array] | None,
+    z: jax.Array,
+    *,
+    oracle: RowsOracle | None = None,
+    rows: int = HVP_ROWS,
+) -> jax.Array:
+    """∇² log p̄ at ``z`` (d × d, symmetrized) by Hessian-vector products on the unit
+    vectors, ``rows`` at a time."""
+    oracle, host = resolve_oracle(logdensity_fn, oracle, z)
+    dim = z.shape[-1]
+    num = -(-dim // rows)
+    hessian = jnp.zeros((num * rows, dim), z.dtype)
+    carry = _hessian_step(hessian, jnp.zeros((rows, dim), z.dtype), np.int32(-1), z, rows, host=host)
+
+    def body(c, carry):
+        hessian, zs, vs = carry
+        return _hessian_step(hessian, oracle.hvp(zs, vs), c, z, rows, host=host)
+
+    hessian, _, _ = _loop(host, num, body, carry)
+    return _symmetric_part(hessian, host=host)
+
+
+@small_jit()
+def _symmetric_part(hessian):
+    square = hessian[: hessian.shape[-1]]
+    return 0.5 * (square + square.T)
+
+
+@small_jit()
+def _laplace_units(unit_scales, hessian, scale):
+    """The full-rank starts' initial Cholesky factors in u-coordinates: diagonal ones
+    from ``unit_scales``, and for the Laplace start (the last) the factor of
+    (S (−∇² log p̄) S)⁻¹, S = diag(``scale``), where that is positive definite and
+    finite (else its diagonal one)."""
+    units = jax.vmap(jnp.diag)(unit_scales)
+    precision = -(scale[:, None] * hessian * scale[None, :])
+    cov = jnp.linalg.inv(precision)
+    tril = jnp.linalg.cholesky(0.5 * (cov + cov.T))  # NaN where not positive definite
+    diag = jnp.diagonal(tril)
+    ok = jnp.all(jnp.isfinite(tril)) & jnp.all(diag > 0) & jnp.all(diag < 1e6)
+    return units.at[-1].set(jnp.where(ok, tril, units[-1]))
 
 
 @small_jit()
@@ -412,7 +475,8 @@ def _vi_begin(key, starts, scales, unit_scales, full_rank, num_particles, steps_
     """Every start's q_u = N(0, unit scale), the optimizer, the step keys and the
     first step's points."""
     num_steps, learning_rate = steps_and_rate
-    unit = jax.vmap(jnp.diag)(unit_scales) if full_rank else unit_scales
+    # full rank: (starts, d, d) initial factors, or their diagonals
+    unit = jax.vmap(jnp.diag)(unit_scales) if full_rank and unit_scales.ndim == 2 else unit_scales
     params = (jnp.zeros_like(starts), jax.vmap(_scale_to_raw)(unit))
     keys = jax.random.split(key, num_steps)
     losses = jnp.zeros((num_steps, starts.shape[0]), starts.dtype)
@@ -589,6 +653,9 @@ def warm_start(
     mode, _ = find_mode(None, init_loc, scale0, mode_steps, oracle=oracle, rows=rows)
     scale1 = curvature_scale(None, mode, scale0, oracle=oracle)
     starts, scales, unit_scales = _starts(init_loc, mode, scale0, scale1, fallback, host=host)
+    if full_rank and dim <= MAX_CURVATURE_DIM:
+        hessian = hessian_matrix(None, mode, oracle=oracle)
+        unit_scales = _laplace_units(unit_scales, hessian, scale1, host=host)
 
     fits = _fit_starts(
         oracle, host, fit_key, starts, scales, unit_scales, full_rank, num_steps,

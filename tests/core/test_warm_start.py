@@ -6,6 +6,9 @@
   Adam), mean-field and full rank;
 * the batched line-search L-BFGS finds the exact mode of a badly scaled Gaussian
   posterior (normal equations) and a stationary point of a logistic regression;
+* for a full-rank q the Laplace start carries the whole inverse Hessian: a strongly
+  correlated Gaussian posterior is fitted before VI moves (the Hessian read from the
+  same Hessian-vector products equals ``jax.hessian``);
 * the log density is compiled twice in all (value-and-gradient, Hessian-vector
   products), and a second warm start of the same shapes compiles nothing.
 """
@@ -16,12 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
+import pytest
 
 from numpyro_uha.core import fit_gaussian
 from numpyro_uha.core.warm_start import (
     _fit_starts,
     curvature_scale,
     find_mode,
+    hessian_matrix,
     max_curvature,
     rows_oracle,
     warm_start,
@@ -56,10 +61,15 @@ def logistic(z):
 INIT = jnp.asarray(np.random.default_rng(0).uniform(-2, 2, size=5), jnp.float32)
 
 
-def test_python_driven_and_traced_runs_agree():
+@pytest.mark.parametrize("full_rank", [False, True], ids=["diagonal", "full-rank"])
+def test_python_driven_and_traced_runs_agree(full_rank):
     key = jax.random.PRNGKey(0)
-    host = warm_start(key, None, INIT, 0.1, num_steps=300, oracle=rows_oracle(regression))
-    traced = jax.jit(lambda k: warm_start(k, regression, INIT, 0.1, num_steps=300))(key)
+    host = warm_start(
+        key, None, INIT, 0.1, num_steps=300, oracle=rows_oracle(regression), full_rank=full_rank
+    )
+    traced = jax.jit(
+        lambda k: warm_start(k, regression, INIT, 0.1, num_steps=300, full_rank=full_rank)
+    )(key)
     assert int(host.start) == int(traced.start)
     np.testing.assert_allclose(host.loc, traced.loc, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(host.scale, traced.scale, rtol=1e-4)
@@ -140,3 +150,47 @@ def test_log_density_compiled_twice_and_a_second_run_compiles_nothing(caplog):
         warm_start(key, None, other, 0.2, num_steps=100, oracle=oracle)
     compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.getMessage()]
     assert compiled == []
+
+
+def _correlated():
+    """A Gaussian with sds from 1e-2 to 1e2 and correlations 0.99 between neighbours'
+    standardized coordinates (an AR(1) correlation matrix)."""
+    sd = np.array([1e-2, 1.0, 1e2, 0.5, 3.0])
+    corr = 0.99 ** np.abs(np.subtract.outer(np.arange(5), np.arange(5)))
+    cov = corr * np.outer(sd, sd)
+    precision = jnp.asarray(np.linalg.inv(cov), jnp.float32)
+    mean = jnp.asarray([1.0, -2.0, 50.0, 0.0, 3.0], jnp.float32)
+
+    def logdensity(z):
+        r = z - mean
+        return -0.5 * r @ precision @ r
+
+    return logdensity, cov, np.asarray(mean)
+
+
+def test_hessian_from_products_is_jax_hessian():
+    z = jax.random.normal(jax.random.PRNGKey(2), (4,))
+    for rows in (65, 3):  # one chunk, and two chunks (the second one partly padding)
+        hessian = hessian_matrix(None, z, oracle=rows_oracle(logistic), rows=rows)
+        np.testing.assert_allclose(hessian, jax.hessian(logistic)(z), rtol=1e-4, atol=1e-5)
+
+
+def test_full_rank_laplace_start_fits_a_correlated_gaussian_before_vi():
+    logdensity, cov, mean = _correlated()
+    # 20 VI steps at a tiny learning rate: the fit is (almost) the start it was given
+    fit = warm_start(
+        jax.random.PRNGKey(0), None, jnp.zeros(5), 0.1, full_rank=True, num_steps=20,
+        learning_rate=1e-5, oracle=rows_oracle(logdensity),
+    )
+    assert int(fit.start) == 2  # the Laplace start has the lowest loss
+    L = np.asarray(fit.scale, np.float64)
+    sd = np.sqrt(np.diag(cov))
+    np.testing.assert_allclose(np.sqrt(np.diag(L @ L.T)), sd, rtol=0.02)
+    np.testing.assert_allclose((L @ L.T) / np.outer(sd, sd), cov / np.outer(sd, sd), atol=0.01)
+    np.testing.assert_array_less(np.abs(np.asarray(fit.loc) - mean) / sd, 0.05)
+    # ... while a diagonal start's sds are the conditional ones, ~0.1 of the marginal sds
+    diagonal = warm_start(
+        jax.random.PRNGKey(0), None, jnp.zeros(5), 0.1, num_steps=20,
+        learning_rate=1e-5, oracle=rows_oracle(logdensity),
+    )
+    assert np.all(np.asarray(diagonal.scale) < 0.3 * sd)

@@ -104,7 +104,7 @@ class StandardizedCholesky(_Standardized):
 class _ScaleCorrCholeskyTransform(Transform):
     """``u = (u_s, u_c) ↦ diag(scale ⊙ exp(u_s)) · C(c u_c)``, c = CORRELATION_UNIT: a
     real vector of length d(d+1)/2 to a lower Cholesky factor whose row norms (q's
-    marginal sds) are ``scale ⊙ exp(u_s)``; ``C`` is :class:`CorrCholeskyTransform`
+    marginal sds) are ``scale ⊙ exp(u_s)``; ``C`` is NumPyro's ``CorrCholeskyTransform``
     (unit rows)."""
 
     domain = constraints.real_vector

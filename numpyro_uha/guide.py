@@ -267,9 +267,9 @@ class UHAGuide(AutoContinuous):
         init_loc_fn: per-site initialization strategy for μ (before the warm start).
         init_scale: initial standard deviation of q (before the warm start).
         base_dist: ``"diagonal"`` (mean-field q), ``"cholesky"`` (full-rank q) or
-            ``"auto"`` (the default): full rank where the model has at most
-            ``FULL_RANK_MAX_DIM`` (32) unconstrained latent coordinates, mean-field above.
-            Resolved at setup into ``guide.base_dist``.
+            ``"auto"`` (the default): full rank where the model has 2 to
+            ``FULL_RANK_MAX_DIM`` (32) unconstrained latent coordinates, mean-field
+            otherwise. Resolved at setup into ``guide.base_dist``.
         num_leapfrog_steps: L, leapfrog steps per transition (1 = under-damped Langevin).
         integrator: ``"position_verlet"`` (default) or ``"velocity_verlet"`` (the paper's
             leapfrog); see :func:`~numpyro_uha.core.annealed_sample`.
@@ -412,7 +412,8 @@ class UHAGuide(AutoContinuous):
                 raise
             raise ValueError(self._describe_bad_initial_point(args, kwargs)) from err
         if self.requested_base_dist == "auto":
-            self.base_dist = "cholesky" if self.latent_dim <= FULL_RANK_MAX_DIM else "diagonal"
+            full = 1 < self.latent_dim <= FULL_RANK_MAX_DIM  # d = 1: the same q either way
+            self.base_dist = "cholesky" if full else "diagonal"
         self._model_param_sites = {
             name: site for name, site in self.prototype_trace.items() if site["type"] == "param"
         }

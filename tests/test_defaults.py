@@ -195,6 +195,8 @@ def iid_model(d):
     "d, requested, resolved",
     [
         (FULL_RANK_MAX_DIM, "auto", "cholesky"),
+        (2, "auto", "cholesky"),
+        (1, "auto", "diagonal"),
         (FULL_RANK_MAX_DIM + 1, "auto", "diagonal"),
         (3, "diagonal", "diagonal"),
         (FULL_RANK_MAX_DIM + 1, "cholesky", "cholesky"),

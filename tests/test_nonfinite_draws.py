@@ -39,7 +39,7 @@ def nan_region_model(c):
 @pytest.fixture(scope="module")
 def fitted():
     """(guide, params) with q = N(0, 1), the prior: the weights are almost constant."""
-    guide = UHAGuide(nan_region_model, K=4, warm_start_steps=0, base_dist="diagonal")
+    guide = UHAGuide(nan_region_model, K=4, warm_start_steps=0)
     svi = SVI(nan_region_model, guide, optax.adam(1e-3), Trace_ELBO())
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), NEVER))
     return guide, dict(params, auto_loc=jnp.zeros(1), auto_scale=jnp.ones(1))

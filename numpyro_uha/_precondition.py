@@ -13,11 +13,10 @@ N(m₀, s₀²):
   (full rank) with ``C`` the Cholesky factor of a correlation matrix (NumPyro's
   ``CorrCholeskyTransform``) and c = :data:`CORRELATION_UNIT`: the marginal sds
   s₀ ⊙ exp(u_s) move exactly as the diagonal q's do, and the correlations stay in
-  (−1, 1). In a parameterization by the
-  Cholesky factor's entries (NumPyro's ``scaled_unit_lower_cholesky``), each row's
-  marginal variance is the sum of its squared entries, so gradient noise on the
-  off-diagonal entries inflates the marginal sds of the later coordinates step after
-  step (non-centered eight schools at Adam 1e-2: q's sds grew 2.5-fold in 8000 steps
+  (−1, 1). In a parameterization by the Cholesky factor's entries (NumPyro's
+  ``scaled_unit_lower_cholesky``), each row's marginal variance is the sum of its
+  squared entries, so gradient noise on the off-diagonal entries inflates the marginal
+  sds of the later coordinates step after step (non-centered eight schools at Adam 1e-2: q's sds grew 2.5-fold in 8000 steps
   and the draws then diverged). The correlation coordinates move in steps of a tenth:
   their gradients are weak next to their noise once q is near the warm start, and in
   unit steps Adam random-walked them into spurious correlations that broke training
@@ -89,8 +88,8 @@ class StandardizedPositive(_Standardized):
 
 
 class StandardizedCholesky(_Standardized):
-    """Lower Cholesky factors; bijection ``u ↦ diag(scale ⊙ exp(u_s)) · C(u_c)``, C a
-    correlation matrix's Cholesky factor (``loc`` unused)."""
+    """Lower Cholesky factors; bijection ``u ↦ diag(scale ⊙ exp(u_s)) · C(c u_c)``, C a
+    correlation matrix's Cholesky factor and c = CORRELATION_UNIT (``loc`` unused)."""
 
     event_dim = 2
 
@@ -117,25 +116,14 @@ class _ScaleCorrCholeskyTransform(Transform):
     def _dim(self):
         return jnp.shape(self.scale)[-1]
 
-    def _corr(self, u_c):
-        if self._dim == 1:
-            return jnp.ones(jnp.shape(u_c)[:-1] + (1, 1), jnp.result_type(u_c))
-        return CorrCholeskyTransform()(u_c)
-
     def __call__(self, x):
         d = self._dim
         sds = self.scale * jnp.exp(x[..., :d])
-        return sds[..., :, None] * self._corr(CORRELATION_UNIT * x[..., d:])
+        return sds[..., :, None] * CorrCholeskyTransform()(CORRELATION_UNIT * x[..., d:])
 
     def _inverse(self, y):
-        d = self._dim
         sds = jnp.sqrt(jnp.sum(y**2, axis=-1))
-        corr = y / sds[..., :, None]
-        u_c = (
-            jnp.zeros(jnp.shape(y)[:-2] + (0,), jnp.result_type(y))
-            if d == 1
-            else CorrCholeskyTransform().inv(corr)
-        )
+        u_c = CorrCholeskyTransform().inv(y / sds[..., :, None])
         return jnp.concatenate([jnp.log(sds / self.scale), u_c / CORRELATION_UNIT], axis=-1)
 
     def log_abs_det_jacobian(self, x, y, intermediates=None):

@@ -28,6 +28,7 @@ from numpyro_uha.evaluation.arviz import (
     to_inference_data,
     weighted_moments,
 )
+from numpyro_uha.guide import _marginal_std
 
 N_DRAWS = 4000
 
@@ -35,11 +36,6 @@ N_DRAWS = 4000
 @pytest.fixture(scope="module")
 def fitted():
     return fit_guide()
-
-
-def marginal_sd(scale):
-    """q's marginal sds from its scale parameter (a vector, or a Cholesky factor)."""
-    return scale if scale.ndim == 1 else jnp.sqrt(jnp.sum(scale**2, axis=-1))
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +297,7 @@ def test_loo_uses_the_importance_weights(fitted, exact_loo):
     guide, params = fitted
     scale = guide._param_name("scale")  # auto_scale, or auto_scale_tril for full rank
     poor = dict(params)
-    poor["auto_loc"] = params["auto_loc"] + marginal_sd(params[scale])
+    poor["auto_loc"] = params["auto_loc"] + _marginal_std(params[scale])
     poor[scale] = 1.5 * params[scale]
     poor_draws = guide.sample_posterior_with_log_weights(
         jax.random.PRNGKey(8), poor, Y, sample_shape=(N_DRAWS,)
@@ -341,7 +337,7 @@ def test_khat_is_lower_for_the_trained_guide_than_for_a_poor_one(fitted, draws):
     # so exp(log w) has a heavy right tail
     scale = guide._param_name("scale")
     poor = dict(params)
-    poor["auto_loc"] = params["auto_loc"] + 2 * marginal_sd(params[scale])
+    poor["auto_loc"] = params["auto_loc"] + 2 * _marginal_std(params[scale])
     poor[scale] = 0.5 * params[scale]
     poor_draws = guide.sample_posterior_with_log_weights(
         jax.random.PRNGKey(2), poor, Y, sample_shape=(N_DRAWS,)

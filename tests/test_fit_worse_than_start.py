@@ -13,13 +13,13 @@ import math
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import conjugate_model as cm
 from numpyro_uha import UHAFitWarning, UHAGuide
 from numpyro_uha.evaluation import log_z
+from numpyro_uha.guide import _marginal_std
 
 START = -40.0
 
@@ -108,8 +108,7 @@ def test_broken_fit_warns_from_sample_posterior_and_log_z(fitted):
     guide, params = fitted
     # q moved 30 posterior sds off: the UHA draws start far out and K = 4 steps do not
     # bring them back, so their log weights are far below the warm start's ELBO
-    tril = params["auto_scale_tril"]  # d = 3: full-rank q by default
-    sd = jnp.sqrt(jnp.sum(tril**2, axis=-1))
+    sd = _marginal_std(params["auto_scale_tril"])  # d = 3: full-rank q by default
     broken = dict(params, auto_loc=params["auto_loc"] + 30 * sd)
     with pytest.warns(UHAFitWarning, match="worse than the Gaussian q it started from"):
         guide.sample_posterior(jax.random.PRNGKey(1), broken, cm.Y, sample_shape=(1000,))

@@ -22,8 +22,8 @@ posterior's scales, then runs the same VI in coordinates where every scale is ab
    own coordinates from N(init_loc, fallback_scale²), the plain warm start; (b) from
    init_loc, standardized by the curvature there; (c) from the Laplace approximation,
    standardized by it (for full rank, with L_u the Cholesky factor of the standardized
-   H⁻¹, so a Gaussian posterior is fitted before the first step). The fit with the lowest final loss (mean over its last tenth) is
-   kept: the mode of a hierarchical or time-series model can be a degenerate spike (a
+   H⁻¹, so a Gaussian posterior is fitted before the first step). The fit with the
+   lowest final loss (mean over its last tenth) is kept: the mode of a hierarchical or time-series model can be a degenerate spike (a
    scale → 0) that VI in the spike's coordinates cannot leave, and curvature at a random
    start can mislead, while on a badly scaled regression only a standardized start
    resolves the posterior in a thousand Adam steps.
@@ -192,34 +192,28 @@ def _put(x, part, c):
 
 
 # --------------------------------------------------------------------- curvature
+def _unit_rows(chunk, rows, z):
+    """The unit vectors e_(chunk·rows + r), r < ``rows`` (zero rows past the dimension)."""
+    index = chunk * rows + jnp.arange(rows)
+    return (index[:, None] == jnp.arange(z.shape[-1])[None, :]).astype(z.dtype)
+
+
 @small_jit(static_argnums=(4,))
 def _curvature_step(diag, hv, c, z, rows):
     """Chunk ``c``'s diagonal entries from its products ``hv`` (none for c < 0), and the
     rows of chunk c + 1: z beside the unit vectors e_((c+1)·rows + r)."""
-    dim = z.shape[-1]
-
-    def units(chunk):
-        index = chunk * rows + jnp.arange(rows)
-        return (index[:, None] == jnp.arange(dim)[None, :]).astype(z.dtype)
-
-    part = jnp.sum(units(c) * hv, axis=-1)
+    part = jnp.sum(_unit_rows(c, rows, z) * hv, axis=-1)
     diag = jnp.where(c >= 0, jax.lax.dynamic_update_slice_in_dim(diag, part, jnp.maximum(c, 0) * rows, 0), diag)
-    return diag, jnp.broadcast_to(z, (rows, dim)), units(c + 1)
+    return diag, jnp.broadcast_to(z, (rows, z.shape[-1])), _unit_rows(c + 1, rows, z)
 
 
 @small_jit(static_argnums=(4,))
 def _hessian_step(hessian, hv, c, z, rows):
     """Like :func:`_curvature_step`, keeping chunk ``c``'s whole products: row i of
     ``hessian`` becomes ∇² log p̄ e_i."""
-    dim = z.shape[-1]
-
-    def units(chunk):
-        index = chunk * rows + jnp.arange(rows)
-        return (index[:, None] == jnp.arange(dim)[None, :]).astype(z.dtype)
-
     updated = jax.lax.dynamic_update_slice_in_dim(hessian, hv, jnp.maximum(c, 0) * rows, 0)
     hessian = jnp.where(c >= 0, updated, hessian)
-    return hessian, jnp.broadcast_to(z, (rows, dim)), units(c + 1)
+    return hessian, jnp.broadcast_to(z, (rows, z.shape[-1])), _unit_rows(c + 1, rows, z)
 
 
 def hessian_matrix(
@@ -243,6 +237,11 @@ def hessian_matrix(
 
     hessian, _, _ = _loop(host, num, body, carry)
     return _symmetric_part(hessian, host=host)
+
+
+@small_jit()
+def _diagonal(hessian):
+    return jnp.diagonal(hessian)
 
 
 @small_jit()
@@ -651,10 +650,15 @@ def warm_start(
 
     scale0 = curvature_scale(None, init_loc, fallback, oracle=oracle)
     mode, _ = find_mode(None, init_loc, scale0, mode_steps, oracle=oracle, rows=rows)
-    scale1 = curvature_scale(None, mode, scale0, oracle=oracle)
-    starts, scales, unit_scales = _starts(init_loc, mode, scale0, scale1, fallback, host=host)
-    if full_rank and dim <= MAX_CURVATURE_DIM:
+    laplace_full = full_rank and dim <= MAX_CURVATURE_DIM
+    if laplace_full:
+        # the same Hessian-vector products give the diagonal scales and the whole matrix
         hessian = hessian_matrix(None, mode, oracle=oracle)
+        scale1 = _curvature_finish(_diagonal(hessian, host=host), scale0, host=host)
+    else:
+        scale1 = curvature_scale(None, mode, scale0, oracle=oracle)
+    starts, scales, unit_scales = _starts(init_loc, mode, scale0, scale1, fallback, host=host)
+    if laplace_full:
         unit_scales = _laplace_units(unit_scales, hessian, scale1, host=host)
 
     fits = _fit_starts(

@@ -19,7 +19,10 @@ from jax.sharding import NamedSharding
 import numpy as np
 import numpyro
 from numpyro import handlers
+import numpyro.distributions as dist
 from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.autoguide import (
     AutoContinuous,
     AutoDiagonalNormal,
@@ -29,6 +32,7 @@ from numpyro.infer.autoguide import (
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
+from numpyro_uha import _decenter
 from numpyro_uha._divergence import (
     DivergenceRecord,
     LatchConstraint,
@@ -312,6 +316,17 @@ class UHAGuide(AutoContinuous):
             ``FloatingPointError``) holding the parameters of the first diverging
             training step. ``False`` lets NaN through (use with
             ``svi.run(..., stable_update=True)``).
+        decenter: non-centered coordinates for hierarchical sites. ``"auto"`` (the
+            default): every latent site ``x ~ Normal(loc, scale)`` (or StudentT, Cauchy,
+            Laplace, Logistic) whose loc or scale depends on other latent variables is
+            run as ``x = loc + scale · x̃``, ``x̃ ~ Normal(0, 1)`` (a funnel becomes a
+            Gaussian where the data say little about ``x``); the guide still emits and
+            returns ``x``, and the bound stays exact (the Jacobian is in the guide's log
+            density). ``False``: the model's own coordinates. A list of site names:
+            those sites. Resolved at setup into ``guide.decentered_sites`` (sites inside
+            ``numpyro.contrib.control_flow.scan``, masked or scaled sites are left as
+            written). With ``init_from``, ``"auto"`` means ``False`` (q comes from a fit
+            in the model's coordinates).
         forward_mode_differentiation: passed to NumPyro's model initialization.
     """
 
@@ -337,6 +352,7 @@ class UHAGuide(AutoContinuous):
         sample_batch_size: int | None = None,
         sharding=None,
         check_finite: bool = True,
+        decenter="auto",
         forward_mode_differentiation: bool = False,
     ):
         _check_int("K", K, 1)
@@ -389,6 +405,9 @@ class UHAGuide(AutoContinuous):
         self.sharding = leading_axis_sharding(sharding)
         self.check_finite = check_finite
         self._init_scale = init_scale
+        self.requested_decenter = _check_decenter(decenter, init_from)
+        self._user_model = model
+        self.decentered_sites = ()  # resolved at setup
         self._init_values = None
         self._setup_args = None
         self._jitted_draws = {}
@@ -404,13 +423,32 @@ class UHAGuide(AutoContinuous):
 
     # ------------------------------------------------------------------ setup
     def _setup_prototype(self, *args, **kwargs):
+        self.model = self._user_model
         self._validate_model(args, kwargs)
+        decenter = self._resolve_decenter(args, kwargs)
+        if decenter:
+            self.model = _decenter.decentered_model(self._user_model, decenter)
         try:
             super()._setup_prototype(*args, **kwargs)
         except RuntimeError as err:
             if "valid initial parameters" not in str(err):
                 raise
             raise ValueError(self._describe_bad_initial_point(args, kwargs)) from err
+        if decenter:
+            reached = tuple(n for n in decenter if n + _decenter.SUFFIX in self.prototype_trace)
+            if self.requested_decenter != "auto" and len(reached) < len(decenter):
+                raise ValueError(
+                    f"UHAGuide: decenter site(s) {sorted(set(decenter) - set(reached))} "
+                    "could not be non-centered (inside numpyro.contrib.control_flow.scan, "
+                    "where numpyro.handlers.reparam does not reach)."
+                )
+            self.decentered_sites = reached
+            self.model = (
+                _decenter.decentered_model(self._user_model, reached)
+                if reached else self._user_model
+            )
+        else:
+            self.decentered_sites = ()
         if self.requested_base_dist == "auto":
             full = 1 < self.latent_dim <= FULL_RANK_MAX_DIM  # d = 1: the same q either way
             self.base_dist = "cholesky" if full else "diagonal"
@@ -668,6 +706,28 @@ class UHAGuide(AutoContinuous):
             )
             return handlers.trace(init_model).get_trace(*args, **kwargs)
 
+    def _resolve_decenter(self, args, kwargs) -> tuple:
+        """The sites to run non-centered (see ``decenter``), before setup."""
+        if self.requested_decenter is False:
+            return ()
+        if self.requested_decenter == "auto":
+            return tuple(_decenter.find_decenterable(self._user_model, args, kwargs))
+        names = tuple(self.requested_decenter)
+        model_trace = self._trace_at_init(self._user_model, args, kwargs)
+        for name in names:
+            site = model_trace.get(name)
+            if site is None or site["type"] != "sample" or site["is_observed"]:
+                raise ValueError(f"UHAGuide: decenter names {name!r}, not a latent site of the model.")
+            base = _decenter._unwrap(site["fn"])
+            if type(base) not in _decenter.LOC_SCALE_FAMILIES:
+                raise ValueError(
+                    f"UHAGuide: decenter site {name!r} has a {type(base).__name__} "
+                    "distribution; only loc-scale families "
+                    f"({', '.join(f.__name__ for f in _decenter.LOC_SCALE_FAMILIES)}) can be "
+                    "non-centered."
+                )
+        return names
+
     def _validate_model(self, args, kwargs):
         model_trace = self._trace_at_init(self.model, args, kwargs)
         latent = []
@@ -911,6 +971,9 @@ class UHAGuide(AutoContinuous):
         )
 
     def _sample_latent(self, *args, **kwargs):
+        return self._latent_and_model_params(*args, **kwargs)[0]
+
+    def _latent_and_model_params(self, *args, **kwargs):
         kwargs.pop("sample_shape", None)
         values = self._register_params()
         latch = None
@@ -982,7 +1045,52 @@ class UHAGuide(AutoContinuous):
         # factor supplies the rest of the augmented proposal's density, so that the ELBO
         # Trace_ELBO estimates is exactly the UHA log weight.
         numpyro.factor(f"_{self.prefix}_uha_factor", factor)
-        return z
+        return z, model_params
+
+    def __call__(self, *args, **kwargs):
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        if not self.decentered_sites:
+            return super().__call__(*args, **kwargs)
+        # Non-centered sites (see ``decenter``): the chain runs in x̃, the guide emits the
+        # model's own x = loc + scale · x̃ (read from the model run at the draw) with the
+        # Jacobian -Σ log scale in its log density; other sites as AutoContinuous emits them.
+        latent, model_params = self._latent_and_model_params(*args, **kwargs)
+        unconstrained = self._unpack_latent(latent)
+
+        def constrained(site):
+            if site["type"] == "sample" and site["name"] in unconstrained:
+                return biject_to(site["fn"].support)(unconstrained[site["name"]])
+            return None
+
+        with handlers.block():
+            model = handlers.seed(self._conditioned_model(model_params), rng_seed=0)
+            model_trace = handlers.trace(
+                handlers.substitute(model, substitute_fn=constrained)
+            ).get_trace(*args, **kwargs)
+        mask_off = numpyro.get_mask() is False
+        result = {}
+        for name, unconstrained_value in unconstrained.items():
+            site = self.prototype_trace[name]
+            event_ndim = site["fn"].event_dim
+            original = name[: -len(_decenter.SUFFIX)]
+            if name.endswith(_decenter.SUFFIX) and original in self.decentered_sites:
+                value = model_trace[original]["value"]
+                log_density = _decenter.emitted_log_density(model_trace[name], mask_off)
+                name = original
+            else:
+                transform = biject_to(site["fn"].support)
+                value = transform(unconstrained_value)
+                log_density = 0.0
+                if not mask_off:
+                    log_density = -transform.log_abs_det_jacobian(unconstrained_value, value)
+                    log_density = sum_rightmost(
+                        log_density, jnp.ndim(log_density) - jnp.ndim(value) + event_ndim
+                    )
+            result[name] = numpyro.sample(
+                name, dist.Delta(value, log_density=log_density, event_dim=event_ndim)
+            )
+        return result
 
     def _check_params(self, params):
         """Warn on divergences in training (the latch); raise on NaN/inf parameter values
@@ -1049,6 +1157,9 @@ class UHAGuide(AutoContinuous):
                         handlers.seed(model, 0), args, kwargs, self._unpack_latent(z),
                         return_deterministic=True,
                     )
+                # the model's own sites only (x, not the guide's coordinates x̃)
+                hidden = {n + _decenter.SUFFIX for n in self.decentered_sites}
+                samples = {k: v for k, v in samples.items() if k not in hidden}
             return samples, log_weight, z, (info if with_info else None)
 
         # Equal batches in one scan: lax.map's remainder batch would run beside the scan,
@@ -1365,16 +1476,25 @@ class UHAGuide(AutoContinuous):
         is the inverse of what :meth:`sample_posterior` returns, in this guide's layout.
         """
         self._require_setup()
-        missing = [name for name in self._init_locs if name not in samples]
+        # the model's own latent sites (x for a site the guide runs non-centered as x̃)
+        own = {
+            name: (name[: -len(_decenter.SUFFIX)]
+                   if name[: -len(_decenter.SUFFIX)] in self.decentered_sites
+                   and name.endswith(_decenter.SUFFIX) else name)
+            for name in self._init_locs
+        }
+        missing = [name for name in own.values() if name not in samples]
         if missing:
             raise ValueError(
                 f"samples lack the latent site(s) {missing}; expected every latent site of "
-                f"the model: {list(self._init_locs)}."
+                f"the model: {list(own.values())}."
             )
         # Constrained shapes (a Dirichlet's simplex has one more entry than its
         # unconstrained coordinates), from the model's trace at setup.
-        shapes = {name: jnp.shape(self.prototype_trace[name]["value"]) for name in self._init_locs}
-        first = next(iter(self._init_locs))
+        shapes = {
+            own[name]: jnp.shape(self.prototype_trace[name]["value"]) for name in self._init_locs
+        }
+        first = next(iter(own.values()))
         batch_shape = jnp.shape(samples[first])[: jnp.ndim(samples[first]) - len(shapes[first])]
         for name, shape in shapes.items():
             expected = tuple(batch_shape) + shape
@@ -1383,9 +1503,18 @@ class UHAGuide(AutoContinuous):
                     f"samples['{name}'] has shape {jnp.shape(samples[name])}, expected "
                     f"{expected} (batch shape {tuple(batch_shape)} + the site's shape)."
                 )
-        model = self._conditioned_model(self._model_params_in(params or {}))
+        model_params = self._model_params_in(params or {})
+        model = self._conditioned_model(model_params)
+        own_model = (
+            handlers.substitute(self._user_model, data=model_params)
+            if model_params else self._user_model
+        )
 
         def one(values):
+            if self.decentered_sites:
+                values = _decenter.decentered_values(
+                    own_model, args, kwargs, values, self.decentered_sites
+                )
             with handlers.block():
                 unconstrained = unconstrain_fn(model, args, kwargs, values)
             return jnp.concatenate([jnp.reshape(unconstrained[name], -1) for name in self._init_locs])
@@ -1527,6 +1656,27 @@ def _check_step_sizes(init_step_size, max_step_size):
             "init_step_size must satisfy 0 < init_step_size < max_step_size "
             f"(= {max_step_size}), got {init_step_size!r}."
         )
+
+
+def _check_decenter(decenter, init_from):
+    """``decenter`` as given: "auto", False, or a tuple of site names."""
+    if decenter is None or decenter is False:
+        return False
+    if isinstance(decenter, str):
+        if decenter != "auto":
+            raise ValueError(
+                f"decenter must be 'auto', False or a list of site names, got {decenter!r}."
+            )
+        return False if init_from is not None else "auto"
+    names = tuple(decenter)
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError(f"decenter: site names must be strings, got {names!r}.")
+    if names and init_from is not None:
+        raise ValueError(
+            "decenter and init_from cannot be combined: init_from's q was fitted in the "
+            "model's own coordinates; pass decenter=False (or no init_from)."
+        )
+    return names or False
 
 
 def _check_frozen(frozen) -> tuple:

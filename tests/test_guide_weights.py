@@ -68,16 +68,23 @@ def perturbed_params(guide, params, seed):
     return {k: jnp.asarray(v, jnp.float32) for k, v in new.items()}
 
 
-def setup_guide(integrator, K=5):
-    guide = UHAGuide(constrained_model, K=K, integrator=integrator, warm_start_steps=0)
+def setup_guide(integrator, K=5, decenter="auto"):
+    guide = UHAGuide(
+        constrained_model, K=K, integrator=integrator, warm_start_steps=0, decenter=decenter
+    )
     svi = SVI(constrained_model, guide, optax.adam(1e-3), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0), X, Y)
     return guide, svi.get_params(state)
 
 
+@pytest.mark.parametrize("decenter", ["auto", False])
 @pytest.mark.parametrize("integrator", ["velocity_verlet", "position_verlet"])
-def test_trace_elbo_term_is_the_core_log_weight_draw_by_draw(integrator):
-    guide, params = setup_guide(integrator)
+def test_trace_elbo_term_is_the_core_log_weight_draw_by_draw(integrator, decenter):
+    """With ``decenter="auto"`` the chain runs in coef = tau · coef~ (coef's scale is the
+    latent tau): Trace_ELBO, on the model as written, must still get the core's weight,
+    so the guide's Jacobian for coef is checked too."""
+    guide, params = setup_guide(integrator, decenter=decenter)
+    assert guide.decentered_sites == (("coef",) if decenter else ())
     params = perturbed_params(guide, params, seed=1)
     annealing = guide.get_annealing_params(params)
     assert not np.allclose(annealing.drift_scale, 1.0)

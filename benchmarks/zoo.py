@@ -28,7 +28,7 @@ not used: its rows say so.
     python -m benchmarks.zoo --merge zoo_lr1e-2 zoo_lr1e-3 --name zoo
     python -m benchmarks.zoo --smoke
 
-``--set holdout`` does the same on the hold-out set (:mod:`benchmarks.zoo_holdout`, eight
+``--set holdout`` does the same on the hold-out set (:mod:`benchmarks.zoo_holdout`, eleven
 models kept out of the tuning of UHAGuide's defaults), its references in
 ``benchmarks/reference/zoo_holdout_nuts/``, its results named ``zoo_holdout…`` by default:
 
@@ -159,7 +159,8 @@ def save_reference(name, draws, diag, divergences, seconds, command, settings, m
         "git_commit": env["git_commit"],
         "date": env["date"],
     }
-    index_path.write_text(json.dumps(dict(sorted(index.items())), indent=2))
+    index = dict(sorted(index.items()))
+    index_path.write_text(json.dumps(index, indent=2))
     write_reference_readme(index, model_set)
 
 

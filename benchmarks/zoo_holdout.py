@@ -1,4 +1,4 @@
-"""The zoo's hold-out set: eight NumPyro models kept out of the tuning of UHAGuide's
+"""The zoo's hold-out set: eleven NumPyro models kept out of the tuning of UHAGuide's
 defaults (issue 14).
 
 The defaults of ``UHAGuide`` are tuned on the 25 models of :mod:`benchmarks.zoo_models`;
@@ -17,7 +17,12 @@ horseshoe-type prior), varying slopes and intercepts with half-Cauchy scales, a 
 point (a location parameter that enters the likelihood through a smooth switch), an
 ordered-vector site (ordinal cutpoints), a censored likelihood (survival, ``factor`` and
 ``mask`` together), a 73-dimensional Beta–binomial rate model with a Pareto prior, and
-two nested plates (``dim=-2`` and ``dim=-1``).
+two nested plates (``dim=-2`` and ``dim=-1``). Three more are hierarchical models written
+*centered*, as users write them (group effects ``x ~ Normal(loc, scale)`` whose loc and
+scale are latent: radon-style varying intercepts with very unequal group sizes, binomial
+hospital mortality, two nested levels coded with index arrays under a Student-t
+likelihood); their references run NUTS on the same posterior written non-centered and
+map the draws back to the centered sites (``nuts_model`` / ``nuts_sites``).
 """
 
 from __future__ import annotations
@@ -180,6 +185,91 @@ def nested_plates(y):
                 numpyro.sample("y", dist.Normal(mean, sigma), obs=y)
 
 
+# ------------------------------------------------------ centered varying intercepts (radon)
+def radon_centered(county, floor, y, num_counties):
+    """Radon-style varying intercepts (Gelman & Hill, ch. 12), written centered:
+    a_j ~ N(μ_a, σ_a) per county, a common floor slope, y ~ N(a[county] + b·floor, σ_y).
+    Counties have 1 to 25 houses and σ_a is small next to σ_y, so the posterior has a
+    funnel in (σ_a, a)."""
+    mu_a = numpyro.sample("mu_a", dist.Normal(0.0, 5.0))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(1.0))
+    with numpyro.plate("county", num_counties):
+        a = numpyro.sample("a", dist.Normal(mu_a, sigma_a))
+    with numpyro.plate("house", y.shape[0]):
+        numpyro.sample("y", dist.Normal(a[county] + b * floor, sigma_y), obs=y)
+
+
+def radon_noncentered(county, floor, y, num_counties):
+    mu_a = numpyro.sample("mu_a", dist.Normal(0.0, 5.0))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(1.0))
+    with numpyro.plate("county", num_counties):
+        a_std = numpyro.sample("a_std", dist.Normal(0.0, 1.0))
+        a = numpyro.deterministic("a", mu_a + sigma_a * a_std)
+    with numpyro.plate("house", y.shape[0]):
+        numpyro.sample("y", dist.Normal(a[county] + b * floor, sigma_y), obs=y)
+
+
+# ------------------------------------------------- hospital mortality (BUGS "Surgical")
+def surgical_centered(n, deaths):
+    """Surgical mortality in 12 hospitals (the BUGS "Surgical" example, random-effects
+    version), centered: logit rates b_i ~ N(μ, τ), deaths_i ~ Bin(n_i, logit⁻¹ b_i)."""
+    mu = numpyro.sample("mu", dist.Normal(-2.5, 1.5))
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+    with numpyro.plate("hospital", n.shape[0]):
+        b = numpyro.sample("b", dist.Normal(mu, tau))
+        numpyro.sample("deaths", dist.Binomial(n, logits=b), obs=deaths)
+
+
+def surgical_noncentered(n, deaths):
+    mu = numpyro.sample("mu", dist.Normal(-2.5, 1.5))
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+    with numpyro.plate("hospital", n.shape[0]):
+        b_std = numpyro.sample("b_std", dist.Normal(0.0, 1.0))
+        b = numpyro.deterministic("b", mu + tau * b_std)
+        numpyro.sample("deaths", dist.Binomial(n, logits=b), obs=deaths)
+
+
+# ------------------------------------------- two nested levels by index arrays, Student-t
+def nested_centered(region_of_site, site, y, num_regions):
+    """Measurements within sites within regions, centered at both levels and coded with
+    index arrays: region effects r ~ N(μ, τ_region), site effects
+    s ~ N(r[region_of_site], τ_site), y ~ t₄(s[site], σ)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+    tau_region = numpyro.sample("tau_region", dist.HalfNormal(1.0))
+    tau_site = numpyro.sample("tau_site", dist.HalfNormal(1.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("regions", num_regions):
+        r = numpyro.sample("r", dist.Normal(mu, tau_region))
+    with numpyro.plate("sites", region_of_site.shape[0]):
+        s = numpyro.sample("s", dist.Normal(r[region_of_site], tau_site))
+    with numpyro.plate("measurements", y.shape[0]):
+        numpyro.sample("y", dist.StudentT(4.0, s[site], sigma), obs=y)
+
+
+def nested_noncentered(region_of_site, site, y, num_regions):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+    tau_region = numpyro.sample("tau_region", dist.HalfNormal(1.0))
+    tau_site = numpyro.sample("tau_site", dist.HalfNormal(1.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("regions", num_regions):
+        r_std = numpyro.sample("r_std", dist.Normal(0.0, 1.0))
+        r = numpyro.deterministic("r", mu + tau_region * r_std)
+    with numpyro.plate("sites", region_of_site.shape[0]):
+        s_std = numpyro.sample("s_std", dist.Normal(0.0, 1.0))
+        s = numpyro.deterministic("s", r[region_of_site] + tau_site * s_std)
+    with numpyro.plate("measurements", y.shape[0]):
+        numpyro.sample("y", dist.StudentT(4.0, s[site], sigma), obs=y)
+
+
+def _sites(*names):
+    """``nuts_sites`` for a non-centered reference model: its draws of ``names``."""
+    return lambda samples: {k: samples[k] for k in names}
+
+
 # ------------------------------------------------------------------------- the datasets
 def _data():
     d = {}
@@ -232,6 +322,27 @@ def _data():
     region = 0.8 * r.standard_normal((4, 1))
     site = 0.5 * r.standard_normal((4, 5))
     d["nested_plates"] = (_f32(3.0 + region + site + 0.6 * r.standard_normal((3, 4, 5))),)
+
+    r = np.random.default_rng(109)
+    sizes = np.array([1, 1, 2, 2, 3, 4, 6, 8, 12, 16, 20, 25])  # 100 houses in 12 counties
+    county = np.repeat(np.arange(sizes.size), sizes)
+    floor = (r.random(county.size) < 0.3).astype(float)
+    a = 1.3 + 0.3 * r.standard_normal(sizes.size)
+    y = a[county] - 0.6 * floor + 0.8 * r.standard_normal(county.size)
+    d["radon_centered"] = (jnp.asarray(county), _f32(floor), _f32(y), int(sizes.size))
+
+    r = np.random.default_rng(110)
+    n = np.array([47, 62, 97, 119, 148, 160, 196, 211, 256, 360, 520, 800])
+    b = -2.5 + 0.4 * r.standard_normal(n.size)
+    d["surgical_centered"] = (_f32(n), _f32(r.binomial(n, 1 / (1 + np.exp(-b)))))
+
+    r = np.random.default_rng(111)
+    region_of_site = np.array([0, 0, 0, 1, 1, 2, 2, 2, 3, 3])
+    region = 1.0 + 0.6 * r.standard_normal(4)
+    site_effect = region[region_of_site] + 0.4 * r.standard_normal(region_of_site.size)
+    site = np.repeat(np.arange(region_of_site.size), r.integers(3, 7, region_of_site.size))
+    y = site_effect[site] + 0.5 * r.standard_t(4.0, site.size)
+    d["nested_centered"] = (jnp.asarray(region_of_site), jnp.asarray(site), _f32(y), 4)
     return d
 
 
@@ -256,6 +367,19 @@ def _holdout() -> list[ZooModel]:
                  "Beta-binomial rats (BDA 5), 71 latent rates, Pareto prior"),
         ZooModel("nested_plates", nested_plates, d["nested_plates"],
                  "two nested plates (dim -2, -1), non-centered", nuts_kwargs={"target_accept_prob": 0.99}),
+        ZooModel("radon_centered", radon_centered, d["radon_centered"],
+                 "centered varying intercepts, 12 groups of 1 to 25 observations, small group scale",
+                 nuts_model=radon_noncentered, nuts_sites=_sites("mu_a", "sigma_a", "b", "sigma_y", "a"),
+                 nuts_kwargs=hier, note="reference: NUTS on the non-centered model, a = μ_a + σ_a ã"),
+        ZooModel("surgical_centered", surgical_centered, d["surgical_centered"],
+                 "centered logit-normal random effects, binomial counts (BUGS Surgical)",
+                 nuts_model=surgical_noncentered, nuts_sites=_sites("mu", "tau", "b"),
+                 nuts_kwargs=hier, note="reference: NUTS on the non-centered model, b = μ + τ b̃"),
+        ZooModel("nested_centered", nested_centered, d["nested_centered"],
+                 "two centered levels by index arrays (region → site), Student-t likelihood",
+                 nuts_model=nested_noncentered,
+                 nuts_sites=_sites("mu", "tau_region", "tau_site", "sigma", "r", "s"), nuts_kwargs=hier,
+                 note="reference: NUTS on the non-centered model, r = μ + τ_r r̃, s = r[region] + τ_s s̃"),
     ]
 
 

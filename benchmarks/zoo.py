@@ -71,6 +71,10 @@ SETS = {
                 "name": "zoo_holdout", "title": "the zoo's hold-out set"},
 }
 GUIDES = ("UHAGuide", "AutoNormal", "AutoMultivariateNormal", "AutoDAIS")
+#: Variants run only when named in ``--guides``: ``UHAGuide_centered`` is UHAGuide at its
+#: defaults but ``decenter=False`` (the model's own coordinates), the before row of the
+#: automatic non-centering.
+ABLATIONS = ("UHAGuide_centered",)
 MAX_RHAT = 1.01
 MIN_ESS = 400
 MEAN_TOL = 0.5
@@ -224,6 +228,8 @@ def make_guide(kind, model, smoke=False):
     if kind == "UHAGuide":
         # Defaults (K = 32, 1000 warm-start steps); the smoke run only checks the plumbing.
         return UHAGuide(model, K=4, warm_start_steps=20) if smoke else UHAGuide(model)
+    if kind == "UHAGuide_centered":
+        return UHAGuide(model, decenter=False)
     if kind == "AutoNormal":
         return AutoNormal(model)
     if kind == "AutoMultivariateNormal":
@@ -376,7 +382,7 @@ def _fit_warned(run) -> bool:
 def render(payload) -> str:
     runs = payload["runs"]
     refs = payload["references"]
-    guides = [g for g in GUIDES if any(r["guide"] == g for r in runs)]
+    guides = [g for g in GUIDES + ABLATIONS if any(r["guide"] == g for r in runs)]
     lrs = sorted({r["lr"] for r in runs}, reverse=True)
     seeds = sorted({r["seed"] for r in runs})
     steps = sorted({r["steps"] for r in runs})
@@ -532,7 +538,7 @@ def main(argv=None):
                    help="the model zoo (default) or its hold-out set (benchmarks/zoo_holdout.py)")
     p.add_argument("--models", nargs="+", default=None, choices=list(ZOO) + list(HOLDOUT),
                    help="default: every model of --set")
-    p.add_argument("--guides", nargs="+", default=list(GUIDES), choices=list(GUIDES))
+    p.add_argument("--guides", nargs="+", default=list(GUIDES), choices=list(GUIDES) + list(ABLATIONS))
     p.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 1e-2, 3e-2])
     p.add_argument("--steps", type=int, default=10_000)
     p.add_argument("--seeds", nargs="+", type=int, default=[0])

@@ -259,7 +259,8 @@ class UHAGuide(AutoContinuous):
       a posterior sd on every coordinate, whether it is known to ±1e-3 or ±1e3;
     - every per-coordinate leapfrog step stays under ¾ of the quadratic stability limit,
       2 / sqrt(λ_max), with λ_max the largest curvature (in q's sds) over q's mean and 64
-      draws from q, whatever the optimizer does to ε, δ and Σ;
+      draws from q widened twice (the chain's draws go past q's bulk), whatever the
+      optimizer does to ε, δ and Σ;
     - the kick's force is bounded, L tanh(∇ log π / L) with L = 30 / q's sds, so a draw
       in q's far tails cannot be thrown to infinity (the weight stays exact: see
       :class:`~numpyro_uha.core.AnnealingParams`);

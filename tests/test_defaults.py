@@ -18,6 +18,7 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 import pytest
+from numpyro.distributions import constraints
 from numpyro.distributions.transforms import CorrCholeskyTransform, biject_to
 from numpyro.infer import SVI, Trace_ELBO
 
@@ -270,3 +271,28 @@ def test_full_rank_q_marginal_sds_do_not_move_with_its_correlations():
     L2 = bijection(u0 + walk + jnp.concatenate([sds, jnp.zeros(d * (d - 1) // 2)]))
     expected = s0 * jnp.exp(sds)
     np.testing.assert_allclose(jnp.sqrt(jnp.sum(L2**2, axis=-1)), expected, rtol=1e-5)
+
+
+def _flat_scale(y):
+    sigma = numpyro.sample("sigma", dist.ImproperUniform(constraints.positive, (), ()))
+    numpyro.sample("y", dist.Normal(0.0, sigma), obs=y)
+
+
+def test_step_ceiling_holds_in_q_tails_where_the_curvature_grows():
+    """y_i ~ N(0, σ²), σ flat on (0, ∞), four observations: in z = log σ the log density
+    is -n z - SS e^(-2z)/2 (+ z, the Jacobian), whose curvature 2 SS e^(-2z) grows
+    without bound below the mode. The leapfrog on a coordinate is stable while its step,
+    in units of q's sd s, times sqrt(curvature · s²) is under 2; the ceiling must keep
+    that true out to 4 of q's sds on both sides (draws of the annealed chain go past q's
+    bulk). With the curvature taken on q's own draws (CURVATURE_WIDTH = 1) it holds only
+    to about 2.5 sds (at -3: 2.26, at -4: 3.35)."""
+    y = jnp.asarray(np.random.default_rng(0).normal(size=4) * 2.0, jnp.float32)
+    guide = UHAGuide(_flat_scale, K=4)
+    svi = SVI(_flat_scale, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    m, s = float(guide.initial_q[0][0]), float(guide.initial_q[1][0])
+    ceiling = float(params["auto_stability_ceiling"])
+    ss = float(jnp.sum(y**2))
+    z = m + s * np.linspace(-4.0, 4.0, 17)
+    stability = ceiling * np.sqrt(2.0 * ss * np.exp(-2.0 * z) * s**2)
+    assert np.all(stability < 2.0), dict(zip(np.round((z - m) / s), stability))

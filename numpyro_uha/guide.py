@@ -1135,6 +1135,14 @@ class UHAGuide(AutoContinuous):
         state["_start_data"] = None  # derived again from the setup arguments
         return state
 
+    def __setstate__(self, state):
+        # A guide pickled before ``decenter`` existed was fitted in the model's own
+        # coordinates: it stays there.
+        state.setdefault("requested_decenter", False)
+        state.setdefault("decentered_sites", ())
+        state.setdefault("_user_model", state.get("model"))
+        self.__dict__.update(state)
+
     # ------------------------------------------------------------- sampling
     def _require_setup(self):
         if self.prototype_trace is None:

@@ -121,6 +121,19 @@ def test_pickled_and_jitted_guides_draw_the_same(fitted_groups):
         np.testing.assert_allclose(again[name], eager[name], rtol=1e-5, atol=1e-5)
 
 
+def test_a_guide_pickled_before_decenter_existed_stays_centered():
+    """Saved fits from before this option have no ``decenter`` state: loaded, they keep
+    the model's own coordinates (the ones they were trained in) and set up again."""
+    guide = UHAGuide(groups, K=2, warm_start_steps=0, decenter=False)
+    state = guide.__getstate__()
+    for key in ("requested_decenter", "decentered_sites", "_user_model"):
+        del state[key]
+    old = UHAGuide.__new__(UHAGuide)
+    old.__setstate__(state)
+    SVI(groups, old, optax.adam(1e-3), Trace_ELBO()).init(jax.random.PRNGKey(0), Y)
+    assert old.decentered_sites == () and "theta" in old.prototype_trace
+
+
 @pytest.mark.parametrize("decenter", ["auto", False])
 def test_a_funnel_is_fitted_non_centered(decenter):
     """Neal's funnel with no data: v ~ N(0, 3²), x | v ~ N(0, e^v I₄). Non-centered, the

@@ -65,9 +65,8 @@ class Decenter(Reparam):
 
 
 def _unwrap(fn):
-    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
-        fn = fn.base_dist
-    return fn
+    """The distribution inside ``.expand(...)``/``.to_event(...)`` (NumPyro's own unwrapping)."""
+    return Decenter()._unwrap(fn)[0]
 
 
 def _trace_at(model, args, kwargs, seed):

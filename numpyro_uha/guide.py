@@ -453,10 +453,11 @@ class UHAGuide(AutoContinuous):
                     "where numpyro.handlers.reparam does not reach)."
                 )
             self.decentered_sites = reached
-            self.model = (
-                _decenter.decentered_model(self._user_model, reached)
-                if reached else self._user_model
-            )
+            if reached != decenter:  # some were inside scan: drop them from the config
+                self.model = (
+                    _decenter.decentered_model(self._user_model, reached)
+                    if reached else self._user_model
+                )
         else:
             self.decentered_sites = ()
         if self.requested_base_dist == "auto":
@@ -716,6 +717,12 @@ class UHAGuide(AutoContinuous):
             )
             return handlers.trace(init_model).get_trace(*args, **kwargs)
 
+    def _model_site(self, name) -> str:
+        """The model's own site for one of the guide's latent sites: ``x`` for the
+        non-centered ``x_decentered``, the name itself otherwise."""
+        original = name[: -len(_decenter.SUFFIX)]
+        return original if name.endswith(_decenter.SUFFIX) and original in self.decentered_sites else name
+
     def _resolve_decenter(self, args, kwargs) -> tuple:
         """The sites to run non-centered (see ``decenter``), before setup."""
         if self.requested_decenter is False:
@@ -781,11 +788,7 @@ class UHAGuide(AutoContinuous):
 
     def _describe_bad_initial_point(self, args, kwargs):
         """Name the sites whose log probability is not finite at an initial point."""
-        with handlers.block():
-            model = handlers.substitute(
-                handlers.seed(self.model, 0), substitute_fn=self.init_loc_fn
-            )
-            model_trace = handlers.trace(model).get_trace(*args, **kwargs)
+        model_trace = self._trace_at_init(self.model, args, kwargs)
         bad = [
             name
             for name, site in model_trace.items()
@@ -1083,8 +1086,8 @@ class UHAGuide(AutoContinuous):
         for name, unconstrained_value in unconstrained.items():
             site = self.prototype_trace[name]
             event_ndim = site["fn"].event_dim
-            original = name[: -len(_decenter.SUFFIX)]
-            if name.endswith(_decenter.SUFFIX) and original in self.decentered_sites:
+            original = self._model_site(name)
+            if original != name:
                 value = model_trace[original]["value"]
                 log_density = _decenter.emitted_log_density(model_trace[name], mask_off)
                 name = original
@@ -1176,8 +1179,7 @@ class UHAGuide(AutoContinuous):
                         return_deterministic=True,
                     )
                 # the model's own sites only (x, not the guide's coordinates x̃)
-                hidden = {n + _decenter.SUFFIX for n in self.decentered_sites}
-                samples = {k: v for k, v in samples.items() if k not in hidden}
+                samples = {k: v for k, v in samples.items() if self._model_site(k) == k}
             return samples, log_weight, z, (info if with_info else None)
 
         # Equal batches in one scan: lax.map's remainder batch would run beside the scan,
@@ -1495,12 +1497,7 @@ class UHAGuide(AutoContinuous):
         """
         self._require_setup()
         # the model's own latent sites (x for a site the guide runs non-centered as x̃)
-        own = {
-            name: (name[: -len(_decenter.SUFFIX)]
-                   if name[: -len(_decenter.SUFFIX)] in self.decentered_sites
-                   and name.endswith(_decenter.SUFFIX) else name)
-            for name in self._init_locs
-        }
+        own = {name: self._model_site(name) for name in self._init_locs}
         missing = [name for name in own.values() if name not in samples]
         if missing:
             raise ValueError(

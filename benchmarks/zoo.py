@@ -59,7 +59,7 @@ from benchmarks.zoo_holdout import HOLDOUT
 from benchmarks.zoo_holdout import SMOKE_MODELS as HOLDOUT_SMOKE_MODELS
 from benchmarks.zoo_models import SMOKE_MODELS, ZOO, latent_sites
 from numpyro_uha import UHAGuide
-from numpyro_uha.evaluation import importance_resample
+from numpyro_uha.evaluation import importance_resample, psis_khat
 
 REFERENCE_DIR = Path(__file__).parent / "reference" / "zoo_nuts"
 HOLDOUT_REFERENCE_DIR = Path(__file__).parent / "reference" / "zoo_holdout_nuts"
@@ -284,6 +284,15 @@ def run_one(entry, kind, lr, steps, seed, num_draws, moments, smoke=False):
                 key, result.params, *entry.args, sample_shape=(num_draws,))
             draws = {k: np.asarray(v) for k, v in weighted.samples.items()}
             resampled = importance_resample(jax.random.PRNGKey(seed + 2000), weighted)
+            # What the weights say about the fit (the evaluation layer's checks): PSIS k̂,
+            # the UHA ELBO and its standard error, and the start ELBO (the warm-start q's).
+            log_w = np.asarray(weighted.log_weights, np.float64).ravel()
+            log_w = log_w[np.isfinite(log_w)]
+            record["khat"] = psis_khat(log_w) if log_w.size >= 10 else None
+            record["elbo"] = float(np.mean(log_w)) if log_w.size else None
+            record["elbo_se"] = float(np.std(log_w) / np.sqrt(max(log_w.size, 1)))
+            start_elbo = getattr(guide, "_start_elbo", None)
+            record["start_elbo"] = None if start_elbo is None else float(start_elbo[0])
         else:
             draws = guide.sample_posterior(key, result.params, *entry.args, sample_shape=(num_draws,))
             draws = {k: np.asarray(v) for k, v in draws.items()}

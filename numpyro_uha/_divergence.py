@@ -60,7 +60,8 @@ class UHANonfiniteDrawsWarning(RuntimeWarning):
 
 class UHAFitWarning(RuntimeWarning):
     """The importance weights of the draws say the approximation is poor: Pareto k̂ ≥ 0.7,
-    an ELBO whose Monte Carlo standard error exceeds 1 nat, or (from the guide's draws
+    an ELBO whose Monte Carlo standard error exceeds 1 nat (both checked by the guide's
+    draws, from 200 draws up, and by the evaluation layer), or (from the guide's draws
     and ``log_z``) a bound below the ELBO of the Gaussian q training started from
     (:meth:`~numpyro_uha.UHAGuide.warn_if_worse_than_start`)."""
 

@@ -49,6 +49,7 @@ from numpyro_uha._precondition import (
     StandardizedPositive,
     StandardizedReal,
 )
+from numpyro_uha._weights import _warn_if_poor_fit
 from numpyro_uha.core import (
     AnnealingInfo,
     AnnealingParams,
@@ -130,6 +131,16 @@ START_ELBO_DRAWS = 256
 
 #: Fewer finite draws than this are not compared with the starting q's ELBO.
 START_ELBO_MIN_DRAWS = 100
+#: ``sample_posterior`` checks the draws' weights (Pareto k̂, the ELBO's standard error)
+#: when it draws at least this many: below it the tail fit of k̂ rests on too few draws
+#: (ArviZ fits the largest min(N/5, 3√N) weights: 40 at N = 200).
+KHAT_MIN_DRAWS = 200
+#: What ``sample_posterior``'s poor-weights warning adds: what k̂ says about the draws.
+POOR_WEIGHTS_MEANING = (
+    "Heavy-tailed weights mean the draws, not only weighted estimates, may be off: check "
+    "them against NUTS on this model (numpyro_uha.evaluation.compare_with_nuts) before "
+    "trusting them."
+)
 
 #: The narrowest chunk of draws sample_posterior compiles (see UHAGuide._draws).
 DRAW_CHUNK_MIN = 64
@@ -1188,7 +1199,7 @@ class UHAGuide(AutoContinuous):
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True,
-        nonfinite="drop", with_samples=True, batch_size=None,
+        nonfinite="drop", with_samples=True, batch_size=None, check_weights=False,
     ):
         if not isinstance(nonfinite, str) or nonfinite not in NONFINITE_MODES:
             raise ValueError(
@@ -1260,6 +1271,11 @@ class UHAGuide(AutoContinuous):
             finite = np.asarray(_finite_draws(log_weights, latent))
             bad = num_draws - int(np.sum(finite))
             self.warn_if_worse_than_start(log_weights, model_args=(args, kwargs), stacklevel=4)
+            if check_weights and num_draws >= KHAT_MIN_DRAWS:
+                _warn_if_poor_fit(
+                    np.where(finite, np.asarray(log_weights, np.float64).ravel(), -np.inf),
+                    f"UHAGuide.{check_weights}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
+                )
             if bad:
                 draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
                 if draws.num_dropped:
@@ -1402,9 +1418,16 @@ class UHAGuide(AutoContinuous):
 
         Under ``jax.jit`` or ``jax.vmap`` the values are traced, so nothing can be
         counted or removed: every mode behaves like ``"keep"``.
+
+        Concrete draws are checked by their UHA log weights, with a
+        :class:`~numpyro_uha.UHAFitWarning` when training made the fit worse than its
+        start (:meth:`warn_if_worse_than_start`) and, from ``KHAT_MIN_DRAWS`` = 200
+        draws, when the weights are heavy-tailed (Pareto k̂ ≥ 0.7) or the ELBO's standard
+        error exceeds 1 nat: the draws may then be off, so check them against NUTS.
         """
         return self._draws(
-            rng_key, params, args, kwargs, sample_shape, with_info=False, nonfinite=nonfinite
+            rng_key, params, args, kwargs, sample_shape, with_info=False, nonfinite=nonfinite,
+            check_weights="sample_posterior",
         ).samples
 
     def sample_posterior_with_log_weights(
@@ -1419,7 +1442,10 @@ class UHAGuide(AutoContinuous):
         :func:`~numpyro_uha.evaluation.log_z_from_weights` counts a diverged draw as a
         zero weight, whereas dropping it would leave it out of the mean.
         """
-        return self._draws(rng_key, params, args, kwargs, sample_shape, nonfinite=nonfinite)
+        return self._draws(
+            rng_key, params, args, kwargs, sample_shape, nonfinite=nonfinite,
+            check_weights="sample_posterior_with_log_weights",
+        )
 
     @property
     def initial_q(self):

@@ -135,3 +135,31 @@ def test_draws_on_other_data_are_not_compared_with_q(fitted):
     assert not guide.warn_if_worse_than_start(low, model_args=((other,), {}))
     with pytest.warns(UHAFitWarning):
         assert guide.warn_if_worse_than_start(low, model_args=((cm.Y,), {}))
+
+
+def test_heavy_tailed_weights_warn_from_sample_posterior(fitted):
+    """q shrunk to 0.3 of its sds: the weights of a too-narrow proposal are heavy-tailed
+    (for a Gaussian, tail index 1 - 0.3² ≈ 0.9), and sample_posterior says so by PSIS k̂,
+    as log_z does; with fewer than KHAT_MIN_DRAWS draws it does not judge."""
+    from numpyro_uha.evaluation import psis_khat
+    from numpyro_uha.guide import KHAT_MIN_DRAWS
+
+    guide, params = fitted
+    narrow = dict(params, auto_scale_tril=0.3 * params["auto_scale_tril"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(1), narrow, cm.Y, sample_shape=(2000,)
+        )
+    khat = psis_khat(draws.log_weights)
+    assert khat >= 0.7
+    fit = [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
+    assert any(f"Pareto k̂ = {khat:.2f}" in m and "may be off" in m for m in fit), fit
+    with pytest.warns(UHAFitWarning, match="Pareto k̂"):
+        guide.sample_posterior(jax.random.PRNGKey(1), narrow, cm.Y, sample_shape=(2000,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guide.sample_posterior(
+            jax.random.PRNGKey(1), narrow, cm.Y, sample_shape=(KHAT_MIN_DRAWS - 1,)
+        )
+    assert not [w for w in caught if "Pareto" in str(w.message)]

@@ -65,6 +65,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# (about 40 s: a fresh JAX process recompiles the guide; the in-process pickling tests
+# above run by default, this one on demand with `pytest -m slow`)
+@pytest.mark.slow
 def test_save_then_resume_in_a_new_process_is_exact(tmp_path):
     script = tmp_path / "fit_script.py"
     script.write_text(SCRIPT)

@@ -41,6 +41,12 @@ def _wait(proc_timeout):
     return out
 
 
+# The four-device worker (about 70 s: a new JAX process compiling every program twice,
+# once per device count) runs on demand (`pytest -m slow`); the default suite keeps the
+# two-process test below, which checks sharded log Z across processes.
+FOUR_DEVICES_SLOW = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def four_devices(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharding") / "devices.json"
@@ -48,21 +54,25 @@ def four_devices(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@FOUR_DEVICES_SLOW
 def test_four_devices_were_used(four_devices):
     assert four_devices["device_count"] == 4
 
 
+@FOUR_DEVICES_SLOW
 def test_sharded_training_equals_single_device(four_devices):
     single, sharded = four_devices["single"], four_devices["sharded"]
     np.testing.assert_allclose(sharded["losses"], single["losses"], rtol=RTOL, atol=ATOL)
 
 
+@FOUR_DEVICES_SLOW
 def test_sharded_draws_equal_single_device(four_devices):
     single, sharded = four_devices["single"], four_devices["sharded"]
     np.testing.assert_allclose(sharded["w"], single["w"], rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(sharded["log_weights"], single["log_weights"], rtol=RTOL, atol=ATOL)
 
 
+@FOUR_DEVICES_SLOW
 def test_sharded_estimators_equal_single_device(four_devices):
     single, sharded = four_devices["single"], four_devices["sharded"]
     np.testing.assert_allclose(sharded["log_z"], single["log_z"], rtol=RTOL, atol=ATOL)
@@ -71,6 +81,7 @@ def test_sharded_estimators_equal_single_device(four_devices):
     np.testing.assert_allclose(sharded["bracket"], single["bracket"], rtol=RTOL, atol=ATOL)
 
 
+@FOUR_DEVICES_SLOW
 def test_draws_and_steps_are_partitioned(four_devices):
     """The chains run split over the devices, not replicated on each: a one-chunk call's
     draws come back spread over the four devices, 64 of 256 on each, and XLA compiled

@@ -15,6 +15,10 @@ from numpyro.infer.autoguide import AutoNormal
 from numpyro_uha import UHAGuide
 from numpyro_uha.evaluation import guide_log_weights, log_z_from_weights
 
+# About 30 s (three fits of 4-particle SVI): run on demand with `pytest -m slow`; the
+# benchmark `python -m benchmarks.student_t` measures the same at full size.
+pytestmark = pytest.mark.slow
+
 DIM = 10
 NUM_DRAWS = 4000
 

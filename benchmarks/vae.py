@@ -704,6 +704,7 @@ def _uha_validation_bound(guide, data: VAEData, num_samples: int, seed: int = 11
 def train_uha(
     rng_key: jax.Array, data: VAEData, arch: Architecture, K: int, options: TrainOptions,
     init: dict | None = None, *, train_encoder: bool = False, init_step_size: float = 0.02,
+    param_lr_scale: float = 1.0,
 ) -> TrainResult:
     """UHA (``UHALocalGuide``, K transitions) trained with :func:`train_svi` and
     ``Trace_ELBO``, whose loss is −(N/B) Σ_i log w_i: the minibatch UHA bound.
@@ -715,20 +716,29 @@ def train_uha(
     the encoder (the same Adam). Validated by the UHA bound (``options.validation_samples``
     draws per image, fixed key). ``init_step_size``: ε's start (the guide's default
     0.02; Adam at 1e-4 moves ε's logit by at most about 1e-4 per step, so a short run
-    ends near its start: ``--uha-init-step-size``)."""
+    ends near its start: ``--uha-init-step-size``). ``param_lr_scale``: the guide's own
+    parameters (ε, η, β, Σ: every parameter that is not an ``encoder_*`` or
+    ``decoder_*`` weight) are stepped by Adam at ``options.lr * param_lr_scale``
+    (``--uha-param-lr-scale``; 1, the paper's single rate, by default)."""
     if not (isinstance(K, int) and K >= 1):
         raise ValueError(f"K must be a positive integer, got {K!r}.")
+    if not param_lr_scale > 0:
+        raise ValueError(f"param_lr_scale must be positive, got {param_lr_scale!r}.")
     model, guide = make_uha_guide(arch, K, data.pixel_mean, init_step_size)
-    adam = optax.adam(options.lr)
-    if train_encoder:
-        optimizer = adam
-    else:
-        labels = lambda params: {k: "frozen" if k.startswith("encoder_") else "adam" for k in params}  # noqa: E731
-        optimizer = optax.multi_transform({"adam": adam, "frozen": optax.set_to_zero()}, labels)
+
+    def label(name):
+        if name.startswith("encoder_"):
+            return "adam" if train_encoder else "frozen"
+        return "adam" if name.startswith("decoder_") else "guide"
+
+    optimizer = optax.multi_transform(
+        {"adam": optax.adam(options.lr), "guide": optax.adam(options.lr * param_lr_scale),
+         "frozen": optax.set_to_zero()},
+        lambda params: {k: label(k) for k in params},
+    )
     validate = _uha_validation_bound(guide, data, options.validation_samples)
-    label = f"UHA{'+enc' if train_encoder else ''} K={K}"
-    return train_svi(rng_key, data, model, guide, options, validate, init, label=label,
-                     optimizer=optimizer)
+    return train_svi(rng_key, data, model, guide, options, validate, init,
+                     label=f"UHA{'+enc' if train_encoder else ''} K={K}", optimizer=optimizer)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1063,7 +1073,7 @@ PROTOCOLS["cpu-short"]["mnist"] = PROTOCOLS["cpu-short"]["fashion-mnist"]
 _BASE_DEFAULTS = dict(
     lr=1e-4, batch_size=100, hidden=450, latent_dim=64, patience=None, ais_step_size=0.06,
     ais_damping=0.8, ais_schedule="linear", ais_batch=None, seed=0, init="vae",
-    methods=["vae", "iwae", "uha", "uha_enc"], uha_init_step_size=0.02,
+    methods=["vae", "iwae", "uha", "uha_enc"], uha_init_step_size=0.02, uha_param_lr_scale=1.0,
 )
 
 
@@ -1095,6 +1105,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="K > 1 models start from the trained VAE (paper) or afresh")
     p.add_argument("--uha-init-step-size", type=float, default=None,
                    help="UHA rows: ε's initial value, in (0, 0.05) (default 0.02)")
+    p.add_argument("--uha-param-lr-scale", type=float, default=None,
+                   help="UHA rows: Adam for the guide's own parameters (ε, η, β, Σ) at --lr times "
+                        "this (default 1: the paper's single rate)")
     p.add_argument("--ais-steps", type=int, default=None, help="AIS transitions (bridging densities)")
     p.add_argument("--ais-leapfrog", type=int, default=None)
     p.add_argument("--ais-step-size", type=float, default=None)
@@ -1224,7 +1237,8 @@ def main(argv=None):
         for method in others:
             method_key = jax.random.fold_in(key, 10 + sorted(METHODS).index(SEED_AS.get(method, method)))
             init = vae.params if args.init == "vae" else None
-            extra = {"init_step_size": args.uha_init_step_size} if method.startswith("uha") else {}
+            extra = ({"init_step_size": args.uha_init_step_size,
+                      "param_lr_scale": args.uha_param_lr_scale} if method.startswith("uha") else {})
             result = METHODS[method].train(
                 jax.random.fold_in(method_key, 2 * K), data, arch, K, options(args.iwae_epochs), init,
                 **extra,
@@ -1251,7 +1265,9 @@ def report(args, data, arch, ais, rows, per_image, bdmc_rows, trained, complete=
         f"max(1, {args.elbo_samples} // K) independent estimates; UHA: the mean of "
         f"{args.elbo_samples} UHA log weights per image, i.e. `UHALocalGuide.log_weights`); "
         "q's ELBO: the plain ELBO of the encoder's q(z|x). UHA is the paper's row (from the "
-        f"VAE, tuning the decoder, ε ≤ 0.05 (from {args.uha_init_step_size}), η, β and Σ; "
+        f"VAE, tuning the decoder, ε ≤ 0.05 (from {args.uha_init_step_size}), η, β and Σ"
+        + (f" (these at Adam {args.lr * args.uha_param_lr_scale:g})" if args.uha_param_lr_scale != 1 else "")
+        + "; "
         "encoder frozen), UHA+enc the same "
         "with the encoder trained too; K = UHA transitions (K gradient evaluations). "
         f"Test log-lik: Hamiltonian AIS from q(z|x) "

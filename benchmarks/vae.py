@@ -652,16 +652,18 @@ UHA_FROZEN = ("bridge", "drift", "step_size_slope")
 UHA_MAX_STEP_SIZE = 0.05
 
 
-def make_uha_guide(arch: Architecture, K: int, pixel_mean=None, init_step_size: float = 0.02):
+def make_uha_guide(arch: Architecture, K: int, pixel_mean=None, init_step_size: float = 0.02,
+                   max_step_size: float = UHA_MAX_STEP_SIZE):
     """``(model, guide)``: :func:`make_vae_model` and ``UHALocalGuide`` on it with the
-    encoder of :func:`make_encoder`, K transitions, ε ≤ :data:`UHA_MAX_STEP_SIZE`, the
-    groups :data:`UHA_FROZEN` frozen, ε starting at ``init_step_size``."""
+    encoder of :func:`make_encoder`, K transitions, ε ≤ ``max_step_size`` (the paper's
+    :data:`UHA_MAX_STEP_SIZE` by default), the groups :data:`UHA_FROZEN` frozen, ε
+    starting at ``init_step_size``."""
     from numpyro_uha import UHALocalGuide
 
     model = make_vae_model(arch.latent_dim, arch.hidden, pixel_mean)
     guide = UHALocalGuide(
         model, K=K, encoder=make_encoder(arch.latent_dim, arch.hidden),
-        max_step_size=UHA_MAX_STEP_SIZE, frozen=UHA_FROZEN, init_step_size=init_step_size,
+        max_step_size=max_step_size, frozen=UHA_FROZEN, init_step_size=init_step_size,
     )
     return model, guide
 
@@ -704,7 +706,7 @@ def _uha_validation_bound(guide, data: VAEData, num_samples: int, seed: int = 11
 def train_uha(
     rng_key: jax.Array, data: VAEData, arch: Architecture, K: int, options: TrainOptions,
     init: dict | None = None, *, train_encoder: bool = False, init_step_size: float = 0.02,
-    param_lr_scale: float = 1.0,
+    param_lr_scale: float = 1.0, max_step_size: float = UHA_MAX_STEP_SIZE,
 ) -> TrainResult:
     """UHA (``UHALocalGuide``, K transitions) trained with :func:`train_svi` and
     ``Trace_ELBO``, whose loss is −(N/B) Σ_i log w_i: the minibatch UHA bound.
@@ -719,12 +721,13 @@ def train_uha(
     ends near its start: ``--uha-init-step-size``). ``param_lr_scale``: the guide's own
     parameters (ε, η, β, Σ: every parameter that is not an ``encoder_*`` or
     ``decoder_*`` weight) are stepped by Adam at ``options.lr * param_lr_scale``
-    (``--uha-param-lr-scale``; 1, the paper's single rate, by default)."""
+    (``--uha-param-lr-scale``; 1, the paper's single rate, by default).
+    ``max_step_size``: ε's cap (``--uha-max-step-size``; the paper's 0.05 by default)."""
     if not (isinstance(K, int) and K >= 1):
         raise ValueError(f"K must be a positive integer, got {K!r}.")
     if not param_lr_scale > 0:
         raise ValueError(f"param_lr_scale must be positive, got {param_lr_scale!r}.")
-    model, guide = make_uha_guide(arch, K, data.pixel_mean, init_step_size)
+    model, guide = make_uha_guide(arch, K, data.pixel_mean, init_step_size, max_step_size)
 
     def label(name):
         if name.startswith("encoder_"):
@@ -1074,6 +1077,7 @@ _BASE_DEFAULTS = dict(
     lr=1e-4, batch_size=100, hidden=450, latent_dim=64, patience=None, ais_step_size=0.06,
     ais_damping=0.8, ais_schedule="linear", ais_batch=None, seed=0, init="vae",
     methods=["vae", "iwae", "uha", "uha_enc"], uha_init_step_size=0.02, uha_param_lr_scale=1.0,
+    uha_max_step_size=UHA_MAX_STEP_SIZE,
 )
 
 
@@ -1108,6 +1112,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--uha-param-lr-scale", type=float, default=None,
                    help="UHA rows: Adam for the guide's own parameters (ε, η, β, Σ) at --lr times "
                         "this (default 1: the paper's single rate)")
+    p.add_argument("--uha-max-step-size", type=float, default=None,
+                   help=f"UHA rows: ε's cap (default {UHA_MAX_STEP_SIZE}, the paper's; an ablation otherwise)")
     p.add_argument("--ais-steps", type=int, default=None, help="AIS transitions (bridging densities)")
     p.add_argument("--ais-leapfrog", type=int, default=None)
     p.add_argument("--ais-step-size", type=float, default=None)
@@ -1238,7 +1244,8 @@ def main(argv=None):
             method_key = jax.random.fold_in(key, 10 + sorted(METHODS).index(SEED_AS.get(method, method)))
             init = vae.params if args.init == "vae" else None
             extra = ({"init_step_size": args.uha_init_step_size,
-                      "param_lr_scale": args.uha_param_lr_scale} if method.startswith("uha") else {})
+                      "param_lr_scale": args.uha_param_lr_scale,
+                      "max_step_size": args.uha_max_step_size} if method.startswith("uha") else {})
             result = METHODS[method].train(
                 jax.random.fold_in(method_key, 2 * K), data, arch, K, options(args.iwae_epochs), init,
                 **extra,
@@ -1265,7 +1272,7 @@ def report(args, data, arch, ais, rows, per_image, bdmc_rows, trained, complete=
         f"max(1, {args.elbo_samples} // K) independent estimates; UHA: the mean of "
         f"{args.elbo_samples} UHA log weights per image, i.e. `UHALocalGuide.log_weights`); "
         "q's ELBO: the plain ELBO of the encoder's q(z|x). UHA is the paper's row (from the "
-        f"VAE, tuning the decoder, ε ≤ 0.05 (from {args.uha_init_step_size}), η, β and Σ"
+        f"VAE, tuning the decoder, ε ≤ {args.uha_max_step_size:g} (from {args.uha_init_step_size}), η, β and Σ"
         + (f" (these at Adam {args.lr * args.uha_param_lr_scale:g})" if args.uha_param_lr_scale != 1 else "")
         + "; "
         "encoder frozen), UHA+enc the same "

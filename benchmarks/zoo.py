@@ -59,7 +59,7 @@ from benchmarks.zoo_holdout import HOLDOUT
 from benchmarks.zoo_holdout import SMOKE_MODELS as HOLDOUT_SMOKE_MODELS
 from benchmarks.zoo_models import SMOKE_MODELS, ZOO, latent_sites
 from numpyro_uha import UHAGuide
-from numpyro_uha.evaluation import importance_resample, psis_khat
+from numpyro_uha.evaluation import importance_resample, log_z_from_weights, psis_khat
 
 REFERENCE_DIR = Path(__file__).parent / "reference" / "zoo_nuts"
 HOLDOUT_REFERENCE_DIR = Path(__file__).parent / "reference" / "zoo_holdout_nuts"
@@ -289,8 +289,9 @@ def run_one(entry, kind, lr, steps, seed, num_draws, moments, smoke=False):
             log_w = np.asarray(weighted.log_weights, np.float64).ravel()
             log_w = log_w[np.isfinite(log_w)]
             record["khat"] = psis_khat(log_w) if log_w.size >= 10 else None
-            record["elbo"] = float(np.mean(log_w)) if log_w.size else None
-            record["elbo_se"] = float(np.std(log_w) / np.sqrt(max(log_w.size, 1)))
+            summary = log_z_from_weights(log_w) if log_w.size >= 2 else None
+            record["elbo"] = None if summary is None else summary.elbo
+            record["elbo_se"] = None if summary is None else summary.elbo_se
             start_elbo = getattr(guide, "_start_elbo", None)
             record["start_elbo"] = None if start_elbo is None else float(start_elbo[0])
         else:

@@ -142,7 +142,9 @@ def _warn_if_poor_fit(log_weights, where, *, stacklevel=3, khat=None, also=""):
         warnings.warn(
             f"{where}: the importance weights say the approximation is poor: "
             + "; ".join(problems)
-            + f".{' ' + also if also else ''} Train longer, use a larger K, or a smaller learning rate (and "
+            + "."
+            + (f" {also}" if also else "")
+            + " Train longer, use a larger K, or a smaller learning rate (and "
             "max_step_size if draws diverge).",
             UHAFitWarning,
             stacklevel=stacklevel,

@@ -1199,7 +1199,7 @@ class UHAGuide(AutoContinuous):
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True,
-        nonfinite="drop", with_samples=True, batch_size=None, check_weights=False,
+        nonfinite="drop", with_samples=True, batch_size=None, warn_as=None,
     ):
         if not isinstance(nonfinite, str) or nonfinite not in NONFINITE_MODES:
             raise ValueError(
@@ -1271,10 +1271,12 @@ class UHAGuide(AutoContinuous):
             finite = np.asarray(_finite_draws(log_weights, latent))
             bad = num_draws - int(np.sum(finite))
             self.warn_if_worse_than_start(log_weights, model_args=(args, kwargs), stacklevel=4)
-            if check_weights and num_draws >= KHAT_MIN_DRAWS:
+            # the public methods (``warn_as``, their name) also judge the weights; the
+            # evaluation layer, which calls _draws too, does that itself
+            if warn_as is not None and num_draws >= KHAT_MIN_DRAWS:
                 _warn_if_poor_fit(
                     np.where(finite, np.asarray(log_weights, np.float64).ravel(), -np.inf),
-                    f"UHAGuide.{check_weights}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
+                    f"UHAGuide.{warn_as}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
                 )
             if bad:
                 draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
@@ -1427,7 +1429,7 @@ class UHAGuide(AutoContinuous):
         """
         return self._draws(
             rng_key, params, args, kwargs, sample_shape, with_info=False, nonfinite=nonfinite,
-            check_weights="sample_posterior",
+            warn_as="sample_posterior",
         ).samples
 
     def sample_posterior_with_log_weights(
@@ -1444,7 +1446,7 @@ class UHAGuide(AutoContinuous):
         """
         return self._draws(
             rng_key, params, args, kwargs, sample_shape, nonfinite=nonfinite,
-            check_weights="sample_posterior_with_log_weights",
+            warn_as="sample_posterior_with_log_weights",
         )
 
     @property

@@ -10,13 +10,11 @@ them for self-normalized importance-weighted moments and importance resampling.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import numpy as np
 from numpyro import handlers
 
-from numpyro_uha._weights import (  # noqa: F401 -- re-exported
+from numpyro_uha._weights import (  # noqa: F401 -- the public ones re-exported
     ELBO_SE_BAD,
     KHAT_BAD,
     KHAT_GOOD,
@@ -36,7 +34,6 @@ __all__ = [
     "to_inference_data",
     "weighted_moments",
 ]
-
 
 
 # ----------------------------------------------------------------------- helpers

@@ -645,7 +645,7 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
             guide, rng_key, params, *args, num_draws=num_draws,
             batch_size=batch_size or 1000, **kwargs,
         )
-    from numpyro_uha.evaluation.arviz import _warn_if_poor_fit
+    from numpyro_uha._weights import _warn_if_poor_fit
 
     num_draws = _check_num_draws(num_draws)
     # The guide's own draws (the same chains, key by key): compiled once per chunk width,

@@ -157,7 +157,8 @@ def _autoguide_log_z(
     from numpyro import handlers
     from numpyro.infer.autoguide import AutoGuide
 
-    from numpyro_uha.evaluation.arviz import _check_positive_int, _warn_if_poor_fit
+    from numpyro_uha._weights import _warn_if_poor_fit
+    from numpyro_uha.evaluation.arviz import _check_positive_int
 
     if not isinstance(guide, AutoGuide):
         if callable(guide):

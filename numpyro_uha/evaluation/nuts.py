@@ -14,7 +14,8 @@ import jax
 import numpy as np
 from numpyro import handlers
 
-from numpyro_uha.evaluation.arviz import _check_log_weights, _check_positive_int
+from numpyro_uha._weights import _check_log_weights
+from numpyro_uha.evaluation.arviz import _check_positive_int
 
 __all__ = ["NUTSComparison", "compare_with_nuts", "plot_nuts_comparison"]
 

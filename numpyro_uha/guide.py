@@ -72,8 +72,10 @@ from numpyro_uha.core.warm_start import (
     RowsOracle,
     max_curvature,
     oracle_log_weights,
+    precompile,
     resolve_oracle,
     rows_oracle,
+    quick_compiler_options,
     small_jit,
     warm_start,
 )
@@ -152,7 +154,7 @@ CPU_BATCH_PER_DEVICE = 1024
 DEVICE_BATCH_MAX = 65536
 
 #: Registered but never learned: the stability ceiling and the force bound, set by the
-#: warm start (see ``_stability_ceiling``), in params so that the fit carries them.
+#: warm start (see ``_start_arrays``), in params so that the fit carries them.
 FIXED = ("stability_scale", "stability_ceiling", "force_limit")
 
 #: Learnable parameter groups (paper Section 5.3) and the parameters in each.
@@ -445,7 +447,8 @@ class UHAGuide(AutoContinuous):
     # ------------------------------------------------------------------ setup
     def _setup_prototype(self, *args, **kwargs):
         self.model = self._user_model
-        self._validate_model(args, kwargs)
+        dim = self._validate_model(args, kwargs)
+        precompiling = None if _is_tracer((args, kwargs)) else self._precompile_setup(dim)
         decenter = self._resolve_decenter(args, kwargs)
         if decenter:
             self.model = _decenter.decentered_model(self._user_model, decenter)
@@ -472,8 +475,7 @@ class UHAGuide(AutoContinuous):
         else:
             self.decentered_sites = ()
         if self.requested_base_dist == "auto":
-            full = 1 < self.latent_dim <= FULL_RANK_MAX_DIM  # d = 1: the same q either way
-            self.base_dist = "cholesky" if full else "diagonal"
+            self.base_dist = "cholesky" if self._full_rank(self.latent_dim) else "diagonal"
         self._model_param_sites = {
             name: site for name, site in self.prototype_trace.items() if site["type"] == "param"
         }
@@ -481,22 +483,26 @@ class UHAGuide(AutoContinuous):
             self._setup_args = (args, kwargs)
         model_params = {name: site["value"] for name, site in self._model_param_sites.items()}
         init_loc = self._init_latent
+        # built by NumPy: one transfer, no operations compiled one at a time
         if self.base_dist == "cholesky":
-            init_scale = jnp.eye(self.latent_dim) * self._init_scale
+            init_scale = np.eye(self.latent_dim) * self._init_scale
         else:
-            init_scale = jnp.full(self.latent_dim, self._init_scale)
+            init_scale = np.full(self.latent_dim, self._init_scale)
+        init_scale = jnp.asarray(init_scale.astype(np.dtype(init_loc.dtype)))
         loc, scale = init_loc, init_scale
         self._precondition = None
         self._start_elbo = None  # (ELBO, its standard error) of the q UHA starts from
         # derived from the setup arguments when first needed, not at svi.init
         self._auto_batch_size = self._start_data = None
         arrays, spec = _split_static((args, kwargs))
-        lam = None  # the curvature behind the step ceiling (see _stability_ceiling)
+        lam = None  # the curvature behind the step ceiling (see _start_arrays)
+        host = not _is_tracer((arrays, model_params, init_loc))
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
-            self._precondition = (loc, _marginal_std(scale))
+            self._precondition = (loc, scale)
             log_weights, lam = self._run_setup(
-                "score", jax.random.PRNGKey(0), loc, scale, arrays, spec, model_params
+                "score", jax.random.PRNGKey(0), loc, scale, arrays, spec, model_params,
+                precompiling,
             )
             if not _is_tracer(log_weights):
                 self._start_elbo = _mean_and_se(log_weights)
@@ -504,14 +510,15 @@ class UHAGuide(AutoContinuous):
             fit, lam = self._run_setup(
                 "warm_start", numpyro.prng_key(), init_loc,
                 jnp.asarray(self._init_scale, init_loc.dtype), arrays, spec, model_params,
+                precompiling,
             )
             if _is_tracer(fit):
                 # set up inside a JAX transform: no constants to standardize by
                 loc, scale = fit.loc, fit.scale
                 lam = None
-            elif bool(jnp.all(jnp.isfinite(fit.loc)) & jnp.all(jnp.isfinite(fit.scale))):
+            elif bool(_all_finite((fit.loc, fit.scale), host=True)):
                 loc, scale = fit.loc, fit.scale
-                self._precondition = (loc, _marginal_std(scale))
+                self._precondition = (loc, scale)
                 self._start_elbo = _mean_and_se(fit.log_weights)
                 if not bool(fit.converged):
                     warnings.warn(
@@ -532,30 +539,29 @@ class UHAGuide(AutoContinuous):
                     stacklevel=2,
                 )
             self.warm_start_result = fit
-        marginal_std = _marginal_std(scale)
         dtype = init_loc.dtype
+        if lam is None or _is_tracer(lam):
+            lam = jnp.asarray(jnp.nan, dtype)
+        start = _start_arrays(loc, scale, lam, self.K + 1, host=host)
+        ceiling = start.pop("stability_ceiling")
         self._init_values = {
             "loc": loc,
             "scale": scale,
             "step_size": jnp.asarray(self.init_step_size, dtype),
-            "step_size_slope": jnp.asarray(0.0, dtype),
             "damping": jnp.asarray(self.init_damping, dtype),
-            "momentum_scale": 1.0 / marginal_std,
-            "beta_logits": jnp.zeros(self.K + 1, dtype),
-            "bridge_loc_slope": jnp.zeros(self.latent_dim, dtype),
-            "drift_scale": jnp.ones(self.latent_dim, dtype),
-            "bridge_log_scale_slope": jnp.zeros(self.latent_dim, dtype),
+            **{k: v for k, v in start.items() if k not in FIXED},
         }
         if self._precondition is not None:
+            # the optimizer's units (_precondition.py): the start's mean and marginal sds
+            self._precondition = (loc, start["stability_scale"])
             # Both enter the dynamics, so they are registered as (never learned) params:
             # a guide rebuilt from scratch and given a fit's params draws what the fit drew.
-            ceiling = _stability_ceiling(lam, self._precondition[1])
-            if ceiling is not None:
-                self._init_values["stability_scale"] = ceiling[0]
-                self._init_values["stability_ceiling"] = jnp.asarray(ceiling[1], dtype)
+            if not _is_tracer(ceiling) and bool(jnp.isfinite(ceiling)):
+                self._init_values["stability_scale"] = start["stability_scale"]
+                self._init_values["stability_ceiling"] = ceiling
             # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
             # coordinate that far out; see AnnealingParams.force_limit
-            self._init_values["force_limit"] = FORCE_LIMIT_SDS / self._precondition[1]
+            self._init_values["force_limit"] = start["force_limit"]
 
     @property
     def sample_batch_size(self) -> int:
@@ -611,16 +617,13 @@ class UHAGuide(AutoContinuous):
         per_device = max(CPU_BATCH_PER_DEVICE, min(DEVICE_BATCH_MAX, fits))
         return (1 << (per_device.bit_length() - 1)) * shards
 
-    def _program(self, impl, spec, **static):
+    def _program(self, impl, spec, *, quick=False, **static):
         """``impl`` with ``spec`` and ``static`` bound, jitted once per argument structure
         (``spec``) and options; not jitted where ``spec`` holds an unhashable static leaf
-        (a model argument JAX cannot trace and Python cannot hash)."""
-        return _jit_once(self._jitted_setup, impl, spec, **static)
-
-    def _sample_program(self, spec):
-        """``(rng_key, annealing, model_params, arrays) -> annealed_sample(...)``, one
-        program per argument structure (:meth:`_program`)."""
-        return self._program(self._sample_impl, spec)
+        (a model argument JAX cannot trace and Python cannot hash). ``quick``: compiled
+        at XLA's lowest CPU optimization, for a program run once or a few times, where
+        the compile time is most of the cost (:func:`~numpyro_uha.core.warm_start.small_jit`)."""
+        return _jit_once(self._jitted_setup, impl, spec, quick=quick, **static)
 
     def _sample_impl(self, rng_key, annealing, model_params, arrays, *, spec):
         args, kwargs = _merge_static(arrays, spec)
@@ -633,7 +636,7 @@ class UHAGuide(AutoContinuous):
             integrator=self.integrator,
         )
 
-    def _run_setup(self, kind, rng_key, loc, scale, arrays, spec, model_params):
+    def _run_setup(self, kind, rng_key, loc, scale, arrays, spec, model_params, precompiling=None):
         """The setup's numerical work: ``"warm_start"`` (the warm start from ``loc`` with
         fallback scale ``scale``, and the curvature at the fitted q) or ``"score"``
         (``init_from``'s q scored, and its curvature); returns ``(fit or log weights, λ)``.
@@ -644,6 +647,10 @@ class UHAGuide(AutoContinuous):
         :mod:`numpyro_uha.core.warm_start`): one program holding every stage compiled
         the model once per stage and took seconds longer. Set up inside a JAX transform
         (traced arguments), the same steps are traced inline.
+
+        ``precompiling``: the thread compiling the model-free steps
+        (:meth:`_precompile_setup`); the model's two programs are compiled beside it, and
+        it is joined before the first step runs.
         """
         if _is_tracer((rng_key, loc, scale, arrays, model_params)) or not _hashable(spec):
             args, kwargs = _merge_static(arrays, spec)
@@ -658,20 +665,76 @@ class UHAGuide(AutoContinuous):
                 lambda zs, vs: programs["hvp"](zs, vs, arrays, model_params),
                 compiled=True,
             )
+            if precompiling is not None:
+                # the model's programs compiled now, while the thread may still run
+                width = SETUP_ROWS if kind == "warm_start" else self._score_rows
+                rows = jax.ShapeDtypeStruct((width, loc.shape[-1]), loc.dtype)
+                units = jax.ShapeDtypeStruct((HVP_ROWS, loc.shape[-1]), loc.dtype)
+                programs["value_and_grad"].lower(rows, None, arrays, model_params).compile()
+                programs["hvp"].lower(units, units, arrays, model_params).compile()
+        if precompiling is not None:
+            precompiling.join()
+        return self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
+
+    def _setup_numerics(self, kind, oracle, rng_key, loc, scale, full_rank, vi_iterations=None):
+        """:meth:`_run_setup`'s calls on a given ``oracle`` (the model's, or
+        :func:`~numpyro_uha.core.warm_start.precompile`'s stand-in)."""
         if kind == "warm_start":
             fit = warm_start(
                 rng_key, None, loc, scale,
-                full_rank=self.base_dist == "cholesky",
+                full_rank=full_rank,
                 num_steps=self.warm_start_steps,
                 learning_rate=self.warm_start_learning_rate,
                 num_particles=SETUP_ROWS // 3,
                 oracle=oracle,
+                vi_iterations=vi_iterations,
             )
             return fit, _curvature(oracle, fit.loc, fit.scale)
-        # the user's batch bound, if any
-        rows = min(SETUP_ROWS, self._sample_batch_size or SETUP_ROWS)
-        log_weights = oracle_log_weights(oracle, rng_key, loc, scale, START_ELBO_DRAWS, rows)
+        log_weights = oracle_log_weights(
+            oracle, rng_key, loc, scale, START_ELBO_DRAWS, self._score_rows
+        )
         return log_weights, _curvature(oracle, loc, scale)
+
+    @property
+    def _score_rows(self) -> int:
+        return min(SETUP_ROWS, self._sample_batch_size or SETUP_ROWS)  # the user's bound, if any
+
+    def _precompile_setup(self, dim):
+        """Start compiling the setup's model-free steps for a ``dim``-dimensional q in a
+        background thread (:func:`~numpyro_uha.core.warm_start.precompile`), while
+        NumPyro's initialization traces the model; ``None`` when there is nothing to
+        compile or it was compiled before in this process."""
+        if dim is None or (self.init_from is None and self.warm_start_steps == 0):
+            return None
+        kind = "warm_start" if self.init_from is None else "score"
+        full_rank = self._full_rank(dim)
+        dtype = jnp.result_type(float)
+        signature = (
+            kind, dim, str(dtype), full_rank, self.warm_start_steps,
+            float(self.warm_start_learning_rate), self._score_rows,
+        )
+
+        def rehearsal(oracle):
+            loc = jnp.zeros(dim, dtype)
+            if kind == "warm_start":
+                key, scale = jnp.asarray(jax.random.PRNGKey(0)), jnp.asarray(1.0, dtype)
+            else:
+                key = jax.random.PRNGKey(0)
+                scale = jnp.eye(dim, dtype=dtype) if full_rank else jnp.ones(dim, dtype)
+            out, lam = self._setup_numerics(
+                kind, oracle, key, loc, scale, full_rank, vi_iterations=2
+            )
+            if kind == "warm_start":
+                loc, scale = out.loc, out.scale
+                _all_finite((loc, scale), host=True)
+            return _start_arrays(loc, scale, lam, self.K + 1, host=True)
+
+        return precompile(signature, rehearsal)
+
+    def _full_rank(self, dim) -> bool:
+        if self.requested_base_dist == "auto":
+            return 1 < dim <= FULL_RANK_MAX_DIM  # d = 1: the same q either way
+        return self.requested_base_dist == "cholesky"
 
     def _oracle_impl(self, zs, vs, arrays, model_params, *, spec, part):
         """One part of the log density's :class:`RowsOracle` at rows ``zs``: value and
@@ -796,6 +859,15 @@ class UHAGuide(AutoContinuous):
                 "UHAGuide: the model has no latent sample site (every sample site is "
                 "observed), so there is no posterior to approximate."
             )
+        try:  # q's dimension, to compile the setup's steps early (_precompile_setup)
+            return sum(
+                math.prod(biject_to(model_trace[name]["fn"].support).inverse_shape(
+                    jnp.shape(model_trace[name]["value"])
+                ))
+                for name in latent
+            )
+        except Exception:  # noqa: BLE001 - only an early start
+            return None
 
     def _describe_bad_initial_point(self, args, kwargs):
         """Name the sites whose log probability is not finite at an initial point."""
@@ -921,7 +993,7 @@ class UHAGuide(AutoContinuous):
         )
         if "stability_ceiling" in values:
             # the largest per-coordinate step, in units of q's sds, stays under the
-            # leapfrog's stability ceiling (see _stability_ceiling)
+            # leapfrog's stability ceiling (see _start_arrays)
             s, c = values["stability_scale"], values["stability_ceiling"]
             widest = jnp.max(values["drift_scale"] / (values["momentum_scale"] * s))
             step_sizes = jnp.minimum(step_sizes, c / widest)
@@ -1010,13 +1082,6 @@ class UHAGuide(AutoContinuous):
                 latch, self._divergence, "when the guide was called with its params",
                 reset_if_clear=True,
             )
-            # No NaN gradient reaches the parameters: a step whose gradient is not finite
-            # is skipped.
-            learnable = gate(
-                {k: v for k, v in values.items() if self._learnable(k)}, jnp.asarray(False)
-            )
-            values.update(learnable)
-        annealing = self._assemble(values)
         model_params = {
             name: numpyro.param(
                 name, site["value"], constraint=site["kwargs"].get("constraint", constraints.real),
@@ -1030,13 +1095,42 @@ class UHAGuide(AutoContinuous):
                 "UHAGuide needs a random key: run it under numpyro.handlers.seed (SVI, "
                 "Predictive and sample_posterior do this for you)."
             )
-        # The chain as one compiled program (per argument structure): called concretely
-        # (svi.init, Predictive), its hundreds of operations would each be compiled on
-        # their own; under an outer jit it is inlined.
+        # The guide's whole draw (gates, chain, weight) as one compiled program per
+        # argument structure. Called concretely (svi.init, a direct call), its hundreds
+        # of operations would each be compiled on their own; that program is compiled
+        # at XLA's lowest CPU optimization (half the compile time, run once). Under an
+        # outer jit (svi.update, Predictive) it is inlined.
         arrays, spec = _split_static((args, kwargs))
-        z, log_weight, info = self._sample_program(spec)(
-            rng_key, annealing, model_params, arrays
-        )
+        inputs = (rng_key, values, latch, model_params, arrays)
+        concrete = not _is_tracer(inputs)
+        z, factor, start = self._program(self._draw_one_impl, spec, quick=concrete)(*inputs)
+        if self.check_finite and concrete and not bool(jnp.all(jnp.isfinite(z))):
+            # A concrete call (svi.init, Predictive without jit): the model would reject
+            # NaN values with an opaque validation error. Hand it the finite start of
+            # the trajectory instead, with an infinite guide log density: the loss is
+            # then +inf, the weight of a diverged draw (0).
+            z = start
+            factor = jnp.full_like(factor, jnp.inf)
+        # Trace_ELBO adds log p(x, z_{K+1}) and the Jacobians from the model's trace; this
+        # factor supplies the rest of the augmented proposal's density, so that the ELBO
+        # Trace_ELBO estimates is exactly the UHA log weight.
+        numpyro.factor(f"_{self.prefix}_uha_factor", factor)
+        return z, model_params
+
+    def _draw_one_impl(self, rng_key, values, latch, model_params, arrays, *, spec):
+        """One draw of the guide from its parameter ``values``: ``(z, factor, start)``,
+        the chain's last position, the guide's log density beyond the model's (log q of
+        the start minus the momentum-density ratios), and the chain's start."""
+        learnable = {}
+        if self.check_finite:
+            # No NaN gradient reaches the parameters: a step whose gradient is not finite
+            # is skipped.
+            learnable = gate(
+                {k: v for k, v in values.items() if self._learnable(k)}, jnp.asarray(False)
+            )
+            values = {**values, **learnable}
+        annealing = self._assemble(values)
+        z, log_weight, info = self._sample_impl(rng_key, annealing, model_params, arrays, spec=spec)
         factor = info.log_q_initial - jnp.sum(info.momentum_log_ratio)
         if self.check_finite:
             # A diverged particle (weight 0 in the limit) is skipped: no gradient flows
@@ -1053,68 +1147,75 @@ class UHAGuide(AutoContinuous):
                 energy_error > DIVERGENCE_ENERGY
             )
             z, factor = gate((z, factor), diverged)
-            if not _is_tracer(z) and not bool(jnp.all(jnp.isfinite(z))):
-                # A concrete call (svi.init, Predictive without jit): the model would
-                # reject NaN values with an opaque validation error. Hand it the finite
-                # start of the trajectory instead, with an infinite guide log density:
-                # the loss is then +inf, the weight of a diverged draw (0).
-                z = info.initial_position
-                factor = jnp.asarray(jnp.inf, factor.dtype)
             factor = factor + latch * diverged.astype(factor.dtype) + finite_guard(
                 self._divergence, jnp.where(diverged, jnp.nan, log_weight),
                 annealing.step_sizes[0],
                 {self._param_name(k): v for k, v in learnable.items()},
             )
-        # Trace_ELBO adds log p(x, z_{K+1}) and the Jacobians from the model's trace; this
-        # factor supplies the rest of the augmented proposal's density, so that the ELBO
-        # Trace_ELBO estimates is exactly the UHA log weight.
-        numpyro.factor(f"_{self.prefix}_uha_factor", factor)
-        return z, model_params
+        return z, factor, info.initial_position
 
     def __call__(self, *args, **kwargs):
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
-        if not self.decentered_sites:
-            return super().__call__(*args, **kwargs)
-        # Non-centered sites (see ``decenter``): the chain runs in x̃, the guide emits the
-        # model's own x = loc + scale · x̃ (read from the model run at the draw) with the
-        # Jacobian -Σ log scale in its log density; other sites as AutoContinuous emits them.
         latent, model_params = self._latent_and_model_params(*args, **kwargs)
-        unconstrained = self._unpack_latent(latent)
-
-        def constrained(site):
-            if site["type"] == "sample" and site["name"] in unconstrained:
-                return biject_to(site["fn"].support)(unconstrained[site["name"]])
-            return None
-
-        with handlers.block():
-            model = handlers.seed(self._conditioned_model(model_params), rng_seed=0)
-            model_trace = handlers.trace(
-                handlers.substitute(model, substitute_fn=constrained)
-            ).get_trace(*args, **kwargs)
         mask_off = numpyro.get_mask() is False
+        arrays, spec = _split_static((args, kwargs))
+        inputs = (latent, model_params, arrays)
+        if _is_tracer(inputs):
+            emitted = self._emitted_impl(*inputs, spec=spec, mask_off=mask_off)
+        else:  # svi.init, a direct call: one program, not an operation at a time
+            emitted = self._program(self._emitted_impl, spec, quick=True, mask_off=mask_off)(
+                *inputs
+            )
         result = {}
+        for name, (value, log_density) in emitted.items():
+            event_ndim = self.prototype_trace[name]["fn"].event_dim
+            original = self._model_site(name)
+            result[original] = numpyro.sample(
+                original, dist.Delta(value, log_density=log_density, event_dim=event_ndim)
+            )
+        return result
+
+    def _emitted_impl(self, latent, model_params, arrays, *, spec, mask_off):
+        """The guide's sites from the chain's last position ``latent``: for each latent
+        site, its value in the model's space and the Delta's log density (the inverse
+        Jacobian), as AutoContinuous emits them. Non-centered sites (see ``decenter``):
+        the chain runs in x̃, the guide emits the model's own x = loc + scale · x̃ (read
+        from the model run at the draw) with the Jacobian -Σ log scale in its log
+        density."""
+        unconstrained = self._unpack_latent(latent)
+        model_trace = None
+        if self.decentered_sites:
+            args, kwargs = _merge_static(arrays, spec)
+
+            def constrained(site):
+                if site["type"] == "sample" and site["name"] in unconstrained:
+                    return biject_to(site["fn"].support)(unconstrained[site["name"]])
+                return None
+
+            with handlers.block():
+                model = handlers.seed(self._conditioned_model(model_params), rng_seed=0)
+                model_trace = handlers.trace(
+                    handlers.substitute(model, substitute_fn=constrained)
+                ).get_trace(*args, **kwargs)
+        emitted = {}
         for name, unconstrained_value in unconstrained.items():
-            site = self.prototype_trace[name]
-            event_ndim = site["fn"].event_dim
             original = self._model_site(name)
             if original != name:
                 value = model_trace[original]["value"]
                 log_density = _decenter.emitted_log_density(model_trace[name], mask_off)
-                name = original
             else:
+                site = self.prototype_trace[name]
                 transform = biject_to(site["fn"].support)
                 value = transform(unconstrained_value)
                 log_density = 0.0
                 if not mask_off:
                     log_density = -transform.log_abs_det_jacobian(unconstrained_value, value)
                     log_density = sum_rightmost(
-                        log_density, jnp.ndim(log_density) - jnp.ndim(value) + event_ndim
+                        log_density, jnp.ndim(log_density) - jnp.ndim(value) + site["fn"].event_dim
                     )
-            result[name] = numpyro.sample(
-                name, dist.Delta(value, log_density=log_density, event_dim=event_ndim)
-            )
-        return result
+            emitted[name] = (value, log_density)
+        return emitted
 
     def _check_params(self, params):
         """Warn on divergences in training (the latch); raise on NaN/inf parameter values
@@ -1622,7 +1723,7 @@ def _marginal_std(scale):
 
 
 def _curvature(oracle, loc, scale):
-    """λ behind the step ceiling (see :func:`_stability_ceiling`): the largest of
+    """λ behind the step ceiling (see :func:`_start_arrays`): the largest of
     λ_max(S H S) over q's mean and ``CURVATURE_DRAWS`` draws from q widened
     ``CURVATURE_WIDTH`` times (the curvature in q's tails can be several times that at
     its mean: hierarchical scales, heavy tails, noise scales) and
@@ -1651,20 +1752,44 @@ def _curvature_max(lams, scale):
     return jnp.maximum(lam, 1.0)
 
 
-def _stability_ceiling(lam, s):
-    """``(s, c)``: every per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most
-    c · s_i, with s = q's marginal sds.
+@small_jit()
+def _all_finite(tree):
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]))
+
+
+@small_jit(static_argnums=(3,))
+def _start_arrays(loc, scale, lam, num_betas):
+    """The start's derived arrays, in one small program (run eagerly, these few dozen
+    operations would each be compiled on their own): the parameters' initial values
+    that do not depend on the constructor's options, and the dynamics' fixed bounds:
+    ``stability_scale`` s, q's marginal sds; ``stability_ceiling`` c: every
+    per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most c · s_i; and
+    ``force_limit``.
 
     The leapfrog is stable on a quadratic target only while ε · sqrt(λ_max) < 2 for the
-    Hessian in the step's units; at a point, in units of s, λ is found by power iteration
-    on Hessian-vector products (:func:`_curvature`). The ceiling is
+    Hessian in the step's units; at a point, in units of s, λ (``lam``) is found by
+    power iteration on Hessian-vector products (:func:`_curvature`). The ceiling is
     ``STABILITY_FRACTION`` · 2 / sqrt(λ): learning rates that random-walk ε, δ and Σ for
-    thousands of steps cannot push the dynamics over that cliff. ``None`` (no ceiling)
-    where the setup runs inside a JAX transform or λ is not finite.
+    thousands of steps cannot push the dynamics over that cliff. Not finite (no
+    ceiling) where λ is not (``nan`` where the setup runs inside a JAX transform).
     """
-    if lam is None or _is_tracer(lam) or not bool(jnp.isfinite(lam)):
-        return None
-    return s, float(2.0 * STABILITY_FRACTION / jnp.sqrt(lam))
+    s = _marginal_std(scale)
+    zeros = jnp.zeros_like(loc)
+    return {
+        "step_size_slope": jnp.zeros((), loc.dtype),
+        "momentum_scale": 1.0 / s,
+        "beta_logits": jnp.zeros(num_betas, loc.dtype),
+        "bridge_loc_slope": zeros,
+        "drift_scale": jnp.ones_like(loc),
+        "bridge_log_scale_slope": zeros,
+        "stability_scale": s,
+        "stability_ceiling": jnp.where(
+            jnp.isfinite(lam) & (lam > 0), 2.0 * STABILITY_FRACTION / jnp.sqrt(lam), jnp.inf
+        ),
+        # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
+        # coordinate that far out; see AnnealingParams.force_limit
+        "force_limit": FORCE_LIMIT_SDS / s,
+    }
 
 
 _split_keys = jax.jit(jax.random.split, static_argnums=1)
@@ -1678,16 +1803,17 @@ def _hashable(obj) -> bool:
     return True
 
 
-def _jit_once(cache: dict, impl, spec, **static):
+def _jit_once(cache: dict, impl, spec, *, quick=False, **static):
     """``impl`` with ``spec`` and ``static`` bound, jitted once per argument structure
     (``spec``) and options and kept in ``cache``; not jitted where ``spec`` holds an
-    unhashable static leaf (a model argument JAX cannot trace and Python cannot hash)."""
+    unhashable static leaf (a model argument JAX cannot trace and Python cannot hash).
+    ``quick``: compiled with :func:`~numpyro_uha.core.warm_start.quick_compiler_options`."""
     fn = partial(impl, spec=spec, **static)
-    key = (impl.__name__, spec, tuple(sorted(static.items())))
+    key = (impl.__name__, spec, quick, tuple(sorted(static.items())))
     if not _hashable(key):
         return fn
     if key not in cache:
-        cache[key] = jax.jit(fn)
+        cache[key] = jax.jit(fn, compiler_options=quick_compiler_options() if quick else None)
     return cache[key]
 
 

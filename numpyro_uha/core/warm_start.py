@@ -43,6 +43,7 @@ seconds to compile on two CPU cores, longer than the fit runs). Under a JAX tran
 
 from __future__ import annotations
 
+import threading
 from functools import wraps
 from typing import Callable, NamedTuple
 
@@ -62,6 +63,7 @@ __all__ = [
     "hessian_matrix",
     "max_curvature",
     "oracle_log_weights",
+    "precompile",
     "rows_oracle",
     "warm_start",
 ]
@@ -72,6 +74,9 @@ MAX_CURVATURE_DIM = 2048
 #: Rows of every Hessian-vector-product call :func:`warm_start` makes (the guide's
 #: curvature check uses the same width, so one program serves both).
 HVP_ROWS = 65
+
+#: Guards small_jit's lazy creation of its jit wrappers.
+_COMPILE_LOCK = threading.Lock()
 
 #: Armijo's sufficient-decrease constant.
 _ARMIJO = 1e-4
@@ -146,6 +151,13 @@ def resolve_oracle(logdensity_fn, oracle, *inputs) -> tuple[RowsOracle, bool]:
     return oracle, oracle.compiled and not _traced((inputs, jnp.zeros(())))
 
 
+def quick_compiler_options() -> dict | None:
+    """XLA options for a program whose compile time is most of its cost (run once, or
+    tiny): the lowest backend optimization on CPU (a third to a half of the compile time;
+    the same run time for the warm start's small steps). ``None`` on other backends."""
+    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+
+
 def small_jit(static_argnums=()):
     """jit for the warm start's model-free steps: tiny programs run once per iteration,
     compiled on CPU at XLA's lowest backend optimization (a third of the compile time,
@@ -160,9 +172,12 @@ def small_jit(static_argnums=()):
             if not host:
                 return fn(*args)
             if not compiled:
-                cpu = jax.default_backend() == "cpu"
-                options = {"xla_backend_optimization_level": 0} if cpu else None
-                compiled[None] = jax.jit(fn, static_argnums=static_argnums, compiler_options=options)
+                with _COMPILE_LOCK:  # the first call may come from two threads
+                    if not compiled:
+                        compiled[None] = jax.jit(
+                            fn, static_argnums=static_argnums,
+                            compiler_options=quick_compiler_options(),
+                        )
             return compiled[None](*args)
 
         return call
@@ -521,7 +536,7 @@ def _vi_step(carry, values, grads, i, starts_scales, steps_and_rate):
 
 
 def _fit_starts(oracle, host, key, starts, scales, unit_scales, full_rank, num_steps,
-                learning_rate, num_particles):
+                learning_rate, num_particles, iterations=None):
     """VI of q_u from each start (z = start + scale ⊙ u, q_u from N(0, unit scale)),
     Adam on all starts at once with the same draws (as ``vmap`` of fit_gaussian over
     the starts); returns the last carry: ``(params in u, optimizer state, losses
@@ -536,7 +551,8 @@ def _fit_starts(oracle, host, key, starts, scales, unit_scales, full_rank, num_s
         values, grads = oracle.value_and_grad(zs)
         return _vi_step(carry, values, grads, i, (starts, scales), steps_and_rate, host=host)
 
-    carry, _ = _loop(host, num_steps, body, (carry, zs))
+    iterations = num_steps if iterations is None else min(iterations, num_steps)
+    carry, _ = _loop(host, iterations, body, (carry, zs))
     return carry
 
 
@@ -634,6 +650,7 @@ def warm_start(
     mode_steps: int = 200,
     num_score_draws: int = 256,
     oracle: RowsOracle | None = None,
+    vi_iterations: int | None = None,
 ) -> WarmStart:
     """Fit q to the posterior, robust to its scales (see the module docstring).
 
@@ -641,6 +658,9 @@ def warm_start(
     replaces ``logdensity_fn``: with a compiled one and concrete inputs, the log density
     is compiled twice in all (value and gradient at ``3 · num_particles`` rows,
     Hessian-vector products at :data:`HVP_ROWS` rows) and the loops run in Python.
+    ``vi_iterations`` stops the VI after that many of its ``num_steps`` steps (the
+    schedule unchanged): :func:`precompile`'s rehearsal, which only needs each step
+    compiled.
     """
     init_loc = jnp.asarray(init_loc)
     oracle, host = resolve_oracle(logdensity_fn, oracle, rng_key, init_loc, fallback_scale)
@@ -663,10 +683,46 @@ def warm_start(
 
     fits = _fit_starts(
         oracle, host, fit_key, starts, scales, unit_scales, full_rank, num_steps,
-        learning_rate, num_particles,
+        learning_rate, num_particles, vi_iterations,
     )
     loc, scale, losses, best, converged = _pick(
         fits, starts, scales, full_rank, max(1, num_steps // 10), host=host
     )
     log_weights = oracle_log_weights(oracle, score_key, loc, scale, num_score_draws, rows)
     return WarmStart(loc, scale, losses, best, log_weights, converged)
+
+
+# -------------------------------------------------------------- compile in advance
+_REHEARSED: set = set()
+
+
+def precompile(signature, rehearsal: Callable[[RowsOracle], object]) -> threading.Thread | None:
+    """Compile the model-free steps of a warm start in a background thread, while the
+    caller does other work (e.g. traces its model): ``rehearsal(oracle)`` runs the
+    same calls the real setup will make (the same shapes, dtypes and static
+    arguments, e.g. :func:`warm_start` with ``vi_iterations=2``) on a stand-in
+    compiled oracle, a unit Gaussian centred at 1. Every :func:`small_jit` step is then
+    in JAX's compilation cache when the real setup calls it, and only the model's own
+    two programs are left to compile there. The stand-in touches nothing but JAX, so
+    it may run beside code that uses global state (NumPyro's handler stack).
+
+    ``signature`` (hashable: the dimension, dtype and static arguments) is rehearsed
+    once per process; returns the started thread (``join`` it before the real calls,
+    so that the two do not compile the same steps at once), or ``None`` when already
+    rehearsed. Failures in the thread are ignored: the real call compiles what is left.
+    """
+    with _COMPILE_LOCK:
+        if signature in _REHEARSED:
+            return None
+        _REHEARSED.add(signature)
+    oracle = rows_oracle(lambda z: -0.5 * jnp.sum((z - 1.0) ** 2))
+
+    def run():
+        try:
+            jax.block_until_ready(rehearsal(oracle))
+        except Exception:  # noqa: BLE001 - a cache warm-up only
+            pass
+
+    thread = threading.Thread(target=run, name="numpyro-uha-precompile", daemon=True)
+    thread.start()
+    return thread

@@ -71,6 +71,7 @@ from numpyro_uha.core.warm_start import (
     HVP_ROWS,
     RowsOracle,
     max_curvature,
+    compile_in_background,
     oracle_log_weights,
     precompile,
     resolve_oracle,
@@ -543,25 +544,51 @@ class UHAGuide(AutoContinuous):
         if lam is None or _is_tracer(lam):
             lam = jnp.asarray(jnp.nan, dtype)
         start = _start_arrays(loc, scale, lam, self.K + 1, host=host)
-        ceiling = start.pop("stability_ceiling")
-        self._init_values = {
-            "loc": loc,
-            "scale": scale,
-            "step_size": jnp.asarray(self.init_step_size, dtype),
-            "damping": jnp.asarray(self.init_damping, dtype),
-            **{k: v for k, v in start.items() if k not in FIXED},
-        }
+        with_ceiling = not _is_tracer(start["stability_ceiling"]) and bool(
+            jnp.isfinite(start["stability_ceiling"])
+        )
+        self._init_values = self._initial_values(
+            loc, scale, start, self._precondition is not None, with_ceiling
+        )
         if self._precondition is not None:
             # the optimizer's units (_precondition.py): the start's mean and marginal sds
             self._precondition = (loc, start["stability_scale"])
+
+    def _initial_values(self, loc, scale, start, preconditioned, with_ceiling) -> dict:
+        """The parameters' initial values from q's ``loc`` and ``scale`` and the
+        derived ``start`` arrays (:func:`_start_arrays`)."""
+        values = {
+            "loc": loc,
+            "scale": scale,
+            "step_size": jnp.asarray(self.init_step_size, loc.dtype),
+            "damping": jnp.asarray(self.init_damping, loc.dtype),
+            **{k: v for k, v in start.items() if k not in FIXED},
+        }
+        if preconditioned:
             # Both enter the dynamics, so they are registered as (never learned) params:
             # a guide rebuilt from scratch and given a fit's params draws what the fit drew.
-            if not _is_tracer(ceiling) and bool(jnp.isfinite(ceiling)):
-                self._init_values["stability_scale"] = start["stability_scale"]
-                self._init_values["stability_ceiling"] = ceiling
+            if with_ceiling:
+                values["stability_scale"] = start["stability_scale"]
+                values["stability_ceiling"] = start["stability_ceiling"]
             # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
             # coordinate that far out; see AnnealingParams.force_limit
-            self._init_values["force_limit"] = start["force_limit"]
+            values["force_limit"] = start["force_limit"]
+        return values
+
+    def _lower_first_draw(self, loc, scale, arrays, spec, model_params):
+        """The concrete first draw's program (``svi.init``'s) lowered for the
+        parameters the setup will most likely register (a finite warm start with a step
+        ceiling), to compile while the warm start runs; a different outcome only
+        compiles it again at the draw."""
+        def values(loc, scale):
+            start = _start_arrays(loc, scale, jnp.ones((), loc.dtype), self.K + 1, host=False)
+            return self._initial_values(loc, scale, start, True, True)
+
+        values = jax.eval_shape(values, loc, scale)
+        latch = jax.ShapeDtypeStruct((), loc.dtype) if self.check_finite else None
+        key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+        program = self._program(self._draw_one_impl, spec, quick=True)
+        return program.lower(key, values, latch, model_params, arrays)
 
     @property
     def sample_batch_size(self) -> int:
@@ -665,13 +692,25 @@ class UHAGuide(AutoContinuous):
                 lambda zs, vs: programs["hvp"](zs, vs, arrays, model_params),
                 compiled=True,
             )
-            if precompiling is not None:
-                # the model's programs compiled now, while the thread may still run
-                width = SETUP_ROWS if kind == "warm_start" else self._score_rows
-                rows = jax.ShapeDtypeStruct((width, loc.shape[-1]), loc.dtype)
-                units = jax.ShapeDtypeStruct((HVP_ROWS, loc.shape[-1]), loc.dtype)
-                programs["value_and_grad"].lower(rows, None, arrays, model_params).compile()
-                programs["hvp"].lower(units, units, arrays, model_params).compile()
+            # The model's two programs, and the first draw's (svi.init's, after the
+            # setup), are traced here and compiled in background threads: the two
+            # beside each other and the model-free steps' rehearsal (precompiling), the
+            # draw's beside the warm start itself.
+            dim, dtype = loc.shape[-1], loc.dtype
+            width = SETUP_ROWS if kind == "warm_start" else self._score_rows
+            rows = jax.ShapeDtypeStruct((width, dim), dtype)
+            units = jax.ShapeDtypeStruct((HVP_ROWS, dim), dtype)
+            final_scale = jax.ShapeDtypeStruct(
+                (dim, dim) if self.base_dist == "cholesky" else (dim,), dtype
+            )
+            oracle_compiling = compile_in_background(
+                programs["value_and_grad"].lower(rows, None, arrays, model_params),
+                programs["hvp"].lower(units, units, arrays, model_params),
+            )
+            first_draw = self._lower_first_draw(loc, final_scale, arrays, spec, model_params)
+            for thread in oracle_compiling:
+                thread.join()
+            self._draw_compiling = compile_in_background(first_draw)
         if precompiling is not None:
             precompiling.join()
         return self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
@@ -1103,6 +1142,8 @@ class UHAGuide(AutoContinuous):
         arrays, spec = _split_static((args, kwargs))
         inputs = (rng_key, values, latch, model_params, arrays)
         concrete = not _is_tracer(inputs)
+        for thread in self.__dict__.pop("_draw_compiling", ()):  # see _run_setup
+            thread.join()
         z, factor, start = self._program(self._draw_one_impl, spec, quick=concrete)(*inputs)
         if self.check_finite and concrete and not bool(jnp.all(jnp.isfinite(z))):
             # A concrete call (svi.init, Predictive without jit): the model would reject

@@ -39,6 +39,13 @@ stages' loops run in Python around them and around small model-free update progr
 XLA compiles the model twice, not once per stage (the fused single program took several
 seconds to compile on two CPU cores, longer than the fit runs). Under a JAX transform
 (traced inputs) the same steps run in ``lax`` loops.
+
+**Compiled early, beside other work.** The model-free steps depend only on q's dimension,
+dtype and the options, so :func:`precompile` compiles them in a background thread,
+rehearsing the same calls on a stand-in oracle, while the caller traces its model
+(``UHAGuide`` starts it before NumPyro's initialization); :func:`compile_in_background`
+compiles already-traced programs (the model's two) beside each other. XLA releases the
+GIL while it compiles, so on two cores most of that time overlaps.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ __all__ = [
     "find_mode",
     "hessian_matrix",
     "max_curvature",
+    "compile_in_background",
     "oracle_log_weights",
     "precompile",
     "rows_oracle",
@@ -180,6 +188,7 @@ def small_jit(static_argnums=()):
                         )
             return compiled[None](*args)
 
+        call.small_jit = True  # a model-free step (precompile's tests find them by it)
         return call
 
     return decorate
@@ -726,3 +735,25 @@ def precompile(signature, rehearsal: Callable[[RowsOracle], object]) -> threadin
     thread = threading.Thread(target=run, name="numpyro-uha-precompile", daemon=True)
     thread.start()
     return thread
+
+
+def compile_in_background(*lowered) -> list[threading.Thread]:
+    """Compile already-lowered programs (``jax.jit(f).lower(...)``) in background
+    threads, one each: XLA's compilation releases the GIL, so they compile beside each
+    other and beside the caller, and a later call of ``f`` with the same argument types
+    finds its program compiled. Join the threads before that call: JAX would otherwise
+    compile the same program a second time. Failures are ignored (the call compiles)."""
+
+    def run(program):
+        try:
+            program.compile()
+        except Exception:  # noqa: BLE001 - a cache warm-up only
+            pass
+
+    threads = [
+        threading.Thread(target=run, args=(program,), name="numpyro-uha-compile", daemon=True)
+        for program in lowered
+    ]
+    for thread in threads:
+        thread.start()
+    return threads

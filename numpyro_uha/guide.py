@@ -707,10 +707,14 @@ class UHAGuide(AutoContinuous):
                 programs["value_and_grad"].lower(rows, None, arrays, model_params),
                 programs["hvp"].lower(units, units, arrays, model_params),
             )
-            first_draw = self._lower_first_draw(loc, final_scale, arrays, spec, model_params)
+            try:
+                first_draw = self._lower_first_draw(loc, final_scale, arrays, spec, model_params)
+            except Exception:  # noqa: BLE001 - an early start only: the draw raises it
+                first_draw = None
             for thread in oracle_compiling:
                 thread.join()
-            self._draw_compiling = compile_in_background(first_draw)
+            if first_draw is not None:
+                self._draw_compiling = compile_in_background(first_draw)
         if precompiling is not None:
             precompiling.join()
         return self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
@@ -1287,6 +1291,7 @@ class UHAGuide(AutoContinuous):
         # compiled functions do not pickle; they are rebuilt on first use
         state["_jitted_draws"] = {}
         state["_jitted_setup"] = {}
+        state.pop("_draw_compiling", None)  # threads (see _run_setup); the draw compiles
         state["_auto_batch_size"] = None  # sized again for the device it is loaded on
         state["_start_data"] = None  # derived again from the setup arguments
         return state

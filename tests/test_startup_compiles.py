@@ -77,7 +77,12 @@ def _compiles(columns, **options):
     "columns, options, base",
     [
         (14, {"warm_start_steps": 30}, "cholesky"),  # the default warm start, full rank
-        (14, {"warm_start_steps": 30, "base_dist": "diagonal"}, "diagonal"),
+        # a diagonal q's steps (other shapes and static arguments); on demand, to keep the
+        # default suite short on 2 cores
+        pytest.param(
+            14, {"warm_start_steps": 30, "base_dist": "diagonal"}, "diagonal",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_the_main_thread_compiles_no_model_free_step(columns, options, base):

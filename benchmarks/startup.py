@@ -167,13 +167,7 @@ def _main_cached(args):
             with tempfile.TemporaryDirectory() as cache:
                 fill = time_init(model, guide, cache=cache)
                 runs = [time_init(model, guide, cache=cache) for _ in range(args.repeats)]
-            secs = [r["seconds"] for r in runs]
-            steps = [r["first_step_s"] for r in runs]
-            rows[model][guide] = {
-                "filling_s": fill["seconds"], "seconds": secs, "median_s": float(np.median(secs)),
-                "first_step_s": steps, "first_step_median_s": float(np.median(steps)),
-                "start_elbo": runs[0]["start_elbo"],
-            }
+            rows[model][guide] = {"filling_s": fill["seconds"], **_summary(runs)}
             print(model, guide, rows[model][guide], flush=True)
     table = (
         "`svi.init` in a later process with JAX's persistent compilation cache filled by an "
@@ -196,6 +190,17 @@ def _main_cached(args):
     print(path.read_text())
 
 
+def _summary(results):
+    """One guide's timed children: their times, medians and (first child's) start ELBO."""
+    secs = [r["seconds"] for r in results]
+    steps = [r["first_step_s"] for r in results]
+    return {
+        "seconds": secs, "median_s": float(np.median(secs)),
+        "first_step_s": steps, "first_step_median_s": float(np.median(steps)),
+        "start_elbo": results[0]["start_elbo"],
+    }
+
+
 def _elbo_cell(elbo):
     return f"{elbo[0]:.2f} ± {elbo[1]:.2f}" if elbo else "—"
 
@@ -213,13 +218,7 @@ def _time_all(args, baseline_tree):
             if baseline_tree:
                 runs[BASELINE].append(time_init(model, "UHAGuide", baseline_tree))
         for guide, results in runs.items():
-            secs = [r["seconds"] for r in results]
-            steps = [r.get("first_step_s", np.nan) for r in results]
-            rows[model][guide] = {
-                "seconds": secs, "median_s": float(np.median(secs)),
-                "start_elbo": results[0]["start_elbo"],
-                "first_step_s": steps, "first_step_median_s": float(np.median(steps)),
-            }
+            rows[model][guide] = _summary(results)
             print(model, guide, rows[model][guide], flush=True)
     return rows
 

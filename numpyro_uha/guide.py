@@ -70,13 +70,13 @@ from numpyro_uha.core.sharding import (
 from numpyro_uha.core.warm_start import (
     HVP_ROWS,
     RowsOracle,
-    max_curvature,
     compile_in_background,
+    max_curvature,
     oracle_log_weights,
     precompile,
+    quick_compiler_options,
     resolve_oracle,
     rows_oracle,
-    quick_compiler_options,
     small_jit,
     warm_start,
 )
@@ -492,6 +492,7 @@ class UHAGuide(AutoContinuous):
         init_scale = jnp.asarray(init_scale.astype(np.dtype(init_loc.dtype)))
         loc, scale = init_loc, init_scale
         self._precondition = None
+        preconditioned = False  # q standardized by the start it fitted (_precondition.py)
         self._start_elbo = None  # (ELBO, its standard error) of the q UHA starts from
         # derived from the setup arguments when first needed, not at svi.init
         self._auto_batch_size = self._start_data = None
@@ -500,7 +501,7 @@ class UHAGuide(AutoContinuous):
         host = not _is_tracer((arrays, model_params, init_loc))
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
-            self._precondition = (loc, scale)
+            preconditioned = True
             log_weights, lam = self._run_setup(
                 "score", jax.random.PRNGKey(0), loc, scale, arrays, spec, model_params,
                 precompiling,
@@ -519,7 +520,7 @@ class UHAGuide(AutoContinuous):
                 lam = None
             elif bool(_all_finite((fit.loc, fit.scale), host=True)):
                 loc, scale = fit.loc, fit.scale
-                self._precondition = (loc, scale)
+                preconditioned = True
                 self._start_elbo = _mean_and_se(fit.log_weights)
                 if not bool(fit.converged):
                     warnings.warn(
@@ -547,10 +548,8 @@ class UHAGuide(AutoContinuous):
         with_ceiling = not _is_tracer(start["stability_ceiling"]) and bool(
             jnp.isfinite(start["stability_ceiling"])
         )
-        self._init_values = self._initial_values(
-            loc, scale, start, self._precondition is not None, with_ceiling
-        )
-        if self._precondition is not None:
+        self._init_values = self._initial_values(loc, scale, start, preconditioned, with_ceiling)
+        if preconditioned:
             # the optimizer's units (_precondition.py): the start's mean and marginal sds
             self._precondition = (loc, start["stability_scale"])
 
@@ -759,10 +758,10 @@ class UHAGuide(AutoContinuous):
 
         def rehearsal(oracle):
             loc = jnp.zeros(dim, dtype)
+            key = jax.random.PRNGKey(0)
             if kind == "warm_start":
-                key, scale = jnp.asarray(jax.random.PRNGKey(0)), jnp.asarray(1.0, dtype)
-            else:
-                key = jax.random.PRNGKey(0)
+                scale = jnp.asarray(1.0, dtype)  # the fallback scale
+            else:  # a fitted q's scale
                 scale = jnp.eye(dim, dtype=dtype) if full_rank else jnp.ones(dim, dtype)
             out, lam = self._setup_numerics(
                 kind, oracle, key, loc, scale, full_rank, vi_iterations=2

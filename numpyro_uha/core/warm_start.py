@@ -65,11 +65,11 @@ from numpyro_uha.core.vi import _raw_to_scale, _scale_to_raw
 __all__ = [
     "RowsOracle",
     "WarmStart",
+    "compile_in_background",
     "curvature_scale",
     "find_mode",
     "hessian_matrix",
     "max_curvature",
-    "compile_in_background",
     "oracle_log_weights",
     "precompile",
     "rows_oracle",

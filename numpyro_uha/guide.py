@@ -586,7 +586,7 @@ class UHAGuide(AutoContinuous):
         values = jax.eval_shape(values, loc, scale)
         latch = jax.ShapeDtypeStruct((), loc.dtype) if self.check_finite else None
         key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-        program = self._program(self._draw_one_impl, spec, quick=True)
+        program = self._program(self._draw_one_impl, spec, quick=True, record=False)
         return program.lower(key, values, latch, model_params, arrays)
 
     @property
@@ -1147,7 +1147,11 @@ class UHAGuide(AutoContinuous):
         concrete = not _is_tracer(inputs)
         for thread in self.__dict__.pop("_draw_compiling", ()):  # see _run_setup
             thread.join()
-        z, factor, start = self._program(self._draw_one_impl, spec, quick=concrete)(*inputs)
+        # A concrete call is not a training step: nothing to record on the host, so its
+        # program holds no host callback and JAX's persistent cache can keep it.
+        z, factor, start = self._program(
+            self._draw_one_impl, spec, quick=concrete, record=not concrete
+        )(*inputs)
         if self.check_finite and concrete and not bool(jnp.all(jnp.isfinite(z))):
             # A concrete call (svi.init, Predictive without jit): the model would reject
             # NaN values with an opaque validation error. Hand it the finite start of
@@ -1161,10 +1165,12 @@ class UHAGuide(AutoContinuous):
         numpyro.factor(f"_{self.prefix}_uha_factor", factor)
         return z, model_params
 
-    def _draw_one_impl(self, rng_key, values, latch, model_params, arrays, *, spec):
+    def _draw_one_impl(self, rng_key, values, latch, model_params, arrays, *, spec, record=True):
         """One draw of the guide from its parameter ``values``: ``(z, factor, start)``,
         the chain's last position, the guide's log density beyond the model's (log q of
-        the start minus the momentum-density ratios), and the chain's start."""
+        the start minus the momentum-density ratios), and the chain's start. ``record``:
+        record a divergence on the host (:func:`~numpyro_uha._divergence.finite_guard`;
+        training steps and other traced calls), not in concrete calls."""
         learnable = {}
         if self.check_finite:
             # No NaN gradient reaches the parameters: a step whose gradient is not finite
@@ -1191,11 +1197,13 @@ class UHAGuide(AutoContinuous):
                 energy_error > DIVERGENCE_ENERGY
             )
             z, factor = gate((z, factor), diverged)
-            factor = factor + latch * diverged.astype(factor.dtype) + finite_guard(
-                self._divergence, jnp.where(diverged, jnp.nan, log_weight),
-                annealing.step_sizes[0],
-                {self._param_name(k): v for k, v in learnable.items()},
-            )
+            factor = factor + latch * diverged.astype(factor.dtype)
+            if record:  # the first diverging training step's parameters, on the host
+                factor = factor + finite_guard(
+                    self._divergence, jnp.where(diverged, jnp.nan, log_weight),
+                    annealing.step_sizes[0],
+                    {self._param_name(k): v for k, v in learnable.items()},
+                )
         return z, factor, info.initial_position
 
     def __call__(self, *args, **kwargs):

@@ -54,8 +54,10 @@ from numpyro_uha.core import (
     step_sizes_from_beta,
     uha_sample_rows,
 )
+from numpyro_uha._divergence import gate
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import (
+    DIVERGENCE_ENERGY,
     GROUPS,
     _check_frozen,
     _check_int,
@@ -639,10 +641,12 @@ class UHALocalGuide(AutoGuide):
             )
         return loc, scale
 
-    def _body(self, args, kwargs, corrected=False, annealing_only=False):
+    def _body(self, args, kwargs, corrected=False, annealing_only=False, skip_diverged=False):
         """The guide: global guide, then every data point's chain inside the plate.
 
         Returns the latent values (constrained, by site name) and the rows' log weights.
+        ``skip_diverged`` (the guide as SVI and ``Predictive`` call it, not the draw
+        methods): a diverged chain is skipped (see :meth:`_chain_impl`).
         """
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
@@ -680,14 +684,17 @@ class UHALocalGuide(AutoGuide):
             # one compiled program per argument structure: run op by op (svi.init,
             # Predictive), the chain's hundreds of operations would each be compiled
             arrays, spec = _split_static((args, kwargs))
-            rows, log_weight, info, local_values, log_det = _jit_once(
-                self._jitted, self._chain_impl, spec, size=size, corrected=corrected
+            rows, log_weight, info, local_values, log_det, diverged = _jit_once(
+                self._jitted, self._chain_impl, spec, size=size, corrected=corrected,
+                skip_diverged=skip_diverged,
             )(keys, annealing, global_values, model_params, idx, arrays)
             # Trace_ELBO adds log p(x_i, z_i | θ) from the model's trace (scaled N/B by the
             # plate, like this factor); the factor is the rest of chain i's augmented
             # proposal density (in constrained space: minus the Jacobian), so the
             # per-point ELBO is exactly its UHA log weight.
             factor = info.log_q_initial - jnp.sum(info.log_weight_increments, axis=-1) - log_det
+            if diverged is not None:  # no gradient from a diverged chain; its value stays
+                factor = jnp.where(diverged, jax.lax.stop_gradient(factor), factor)
             numpyro.factor(f"_{self.prefix}_uha_factor", factor)
             for n in self._local_sites:
                 event_dim = self.prototype_trace[n]["fn"].event_dim
@@ -695,13 +702,30 @@ class UHALocalGuide(AutoGuide):
         return {**global_values, **local_values}, log_weight
 
     def __call__(self, *args, **kwargs):
-        return self._body(args, kwargs)[0]
+        return self._body(args, kwargs, skip_diverged=True)[0]
 
     def _chain_impl(
-        self, keys, annealing, global_values, model_params, idx, arrays, *, spec, size, corrected
+        self, keys, annealing, global_values, model_params, idx, arrays, *, spec, size, corrected,
+        skip_diverged=False,
     ):
-        """Every data point's chain (and the constrained end points) for given inputs."""
+        """Every data point's chain (and the constrained end points) for given inputs.
+
+        ``skip_diverged``: as ``UHAGuide`` skips a diverged particle. A chain whose log
+        weight is not finite, or with a leapfrog step whose energy error exceeds
+        ``DIVERGENCE_ENERGY`` nats, has weight 0 in the limit while its gradient, through
+        Jacobians grown exponentially along the trajectory, can be 1e16 or NaN and would
+        swamp Adam's moment estimates. Such a chain's end is replaced by its start
+        (stopped gradient, so the model scores a finite point), no gradient flows back
+        from it, and a gradient still not finite at the chain's inputs (NaN through the
+        leapfrog's own derivatives) is zeroed (``_divergence.gate``): that step is skipped
+        for the chains' parameters. The loss keeps the diverged chain's value, so it shows.
+        Returns ``diverged`` (per data point), ``None`` without ``skip_diverged``.
+        """
         args, kwargs = _merge_static(arrays, spec)
+        if skip_diverged:
+            annealing, global_values, model_params = gate(
+                (annealing, global_values, model_params), jnp.asarray(False)
+            )
         logdensity = self._rows_logdensity(args, kwargs, global_values, model_params, idx, size)
         rows_sharding = self.sharding
         if rows_sharding is not None and keys.shape[0] % num_shards(rows_sharding):
@@ -728,8 +752,15 @@ class UHALocalGuide(AutoGuide):
             )
         if rows_sharding is not None:
             rows, log_weight = shard_leading((rows, log_weight), rows_sharding)
+        diverged = None
+        if skip_diverged:
+            stop = jax.lax.stop_gradient
+            diverged = ~jnp.isfinite(stop(log_weight)) | jnp.any(
+                jnp.abs(stop(info.log_accept_ratio)) > DIVERGENCE_ENERGY, axis=-1
+            )
+            rows = jnp.where(diverged[:, None], stop(info.initial_position), rows)
         local_values, log_det = self._constrain(rows)
-        return rows, log_weight, info, local_values, log_det
+        return rows, log_weight, info, local_values, log_det, diverged
 
     # ------------------------------------------------------------ sampling
     def sample_posterior(

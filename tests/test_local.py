@@ -380,3 +380,66 @@ def test_hierarchical_model_with_many_groups_matches_the_exact_posterior():
     assert abs(mu_draws.std() / math.sqrt(mu_var) - 1) < 0.2
     assert np.max(err) < 0.2, np.max(err)
     assert np.all(np.abs(ratio - 1) < 0.2), (ratio.min(), ratio.max())
+
+
+def _narrow_model(x, s, num_data, batch):
+    """z_i ~ N(0, 1), x_i ~ N(z_i, s_i²): data point i's posterior sd is about s_i, so a
+    leapfrog step far above s_i diverges for that data point alone."""
+    with numpyro.plate("data", num_data, subsample_size=batch) as idx:
+        z = numpyro.sample("z", dist.Normal(0.0, 1.0))
+        numpyro.sample("x", dist.Normal(z, s[idx]), obs=x[idx])
+
+
+def _narrow_setup(s0):
+    n = 8
+    x = jnp.asarray(np.random.default_rng(0).normal(size=n))
+    s = jnp.full(n, 0.5).at[0].set(s0)
+    guide = UHALocalGuide(_narrow_model, K=4)  # ε starts at 0.02
+    args = (x, s, n, n)
+    svi = SVI(_narrow_model, guide, optax.adam(1e-3), Trace_ELBO())
+    state = svi.init(jax.random.PRNGKey(0), *args)
+    return guide, svi, state, args
+
+
+def test_a_diverged_chain_gives_no_gradient_and_its_loss_shows():
+    """Data point 0's chain diverges (ε = 0.02 against a posterior sd of 0.002: energy
+    errors of 1e15 nats, finite): its gradient, 1e16 and more, is skipped; the training
+    gradient is then exactly that of the loss with data point 0 masked out, and the loss
+    still shows the divergence."""
+    guide, svi, state, args = _narrow_setup(2e-3)
+    params = svi.get_params(state)
+    key = jax.random.PRNGKey(1)
+    log_w = guide.log_weights(key, params, *args, num_samples=4, subsample_idx=jnp.arange(8))
+    assert np.all(np.asarray(log_w[:, 0]) < -1e6) and np.all(np.asarray(log_w[:, 1:]) > -100)
+
+    def loss(p, model, guide):
+        return Trace_ELBO().loss(key, p, model, guide, *args)
+
+    grads = jax.grad(loss)(params, _narrow_model, guide)
+    keep = jnp.arange(8) != 0
+    masked = jax.grad(loss)(
+        params, handlers.mask(_narrow_model, mask=keep), handlers.mask(guide, mask=keep)
+    )
+    assert grads.keys() == masked.keys()
+    for name in grads:
+        assert np.all(np.isfinite(np.asarray(grads[name]))), name
+        np.testing.assert_allclose(grads[name], masked[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert float(loss(params, _narrow_model, guide)) > 1e6  # the divergence is not hidden
+
+
+def test_a_nonfinite_chain_skips_the_step_and_training_goes_on():
+    """Data point 0's chain overflows (NaN through the leapfrog's derivatives): the
+    chains' parameters skip that step (zero gradient) instead of turning NaN."""
+    guide, svi, state, args = _narrow_setup(1e-7)
+    params = svi.get_params(state)
+    log_w = guide.log_weights(
+        jax.random.PRNGKey(1), params, *args, num_samples=2, subsample_idx=jnp.arange(8)
+    )
+    assert not np.all(np.isfinite(np.asarray(log_w[:, 0])))  # the set-up: it overflows
+    update = jax.jit(lambda state: svi.update(state, *args))  # sizes stay static
+    for _ in range(3):
+        state, _ = update(state)
+    after = svi.get_params(state)
+    for name, value in after.items():
+        assert np.all(np.isfinite(np.asarray(value))), name
+        np.testing.assert_array_equal(value, params[name], err_msg=name)  # skipped

@@ -117,3 +117,26 @@ def test_the_rehearsal_changes_nothing_the_setup_computes(monkeypatch):
     assert with_rehearsal[1].keys() == without[1].keys()
     for name, value in with_rehearsal[1].items():
         np.testing.assert_array_equal(value, without[1][name], err_msg=name)
+
+
+def test_the_concrete_draw_has_no_host_callback_and_a_training_step_has(monkeypatch):
+    """``svi.init``'s draw (a concrete call, not a training step) records no divergence on
+    the host, so its program holds no host callback and JAX's persistent compilation
+    cache may keep it; a training step still records (``_divergence.finite_guard``)."""
+    import numpyro_uha._divergence as divergence_module
+
+    traced = []
+    pure_callback = jax.pure_callback
+
+    def counting(*args, **kwargs):
+        traced.append(args[0])
+        return pure_callback(*args, **kwargs)
+
+    monkeypatch.setattr(divergence_module.jax, "pure_callback", counting)
+    X, y = load_logistic_regression("australian")
+    guide = UHAGuide(logistic_regression_model, K=2, warm_start_steps=30)
+    svi = SVI(logistic_regression_model, guide, optax.adam(1e-3), Trace_ELBO())
+    state = svi.init(jax.random.PRNGKey(0), X, y)
+    assert traced == [], "svi.init's concrete draw traced a host callback"
+    jax.jit(svi.update).lower(state, X, y)
+    assert traced, "the training step no longer records divergences on the host"

@@ -48,6 +48,7 @@ __all__ = [
     "UHAFitWarning",
     "DivergenceRecord",
     "LatchConstraint",
+    "LocalDivergenceRecord",
     "gate",
     "finite_guard",
 ]
@@ -146,6 +147,22 @@ class DivergenceRecord:
             "resume from the first diverging step's parameters with "
             "svi.run(..., init_params=err.params) where they exist.",
             params=self.params,
+        )
+
+
+class LocalDivergenceRecord(DivergenceRecord):
+    """``UHALocalGuide``'s record: its latch says that some data points' chains diverged
+    in training; nothing is recorded on the host (no callback in its training step)."""
+
+    def warning(self, where: str) -> str:
+        return (
+            f"UHALocalGuide: some data points' chains diverged during training (found "
+            f"{where}): their log weight was not finite, or a leapfrog step's energy error "
+            "exceeded 1000 nats. Those chains were skipped (no gradient from them) and "
+            "training went on; they show as spikes in the losses. Occasional spikes are "
+            "harmless; frequent ones mean a step size too large for some data points' "
+            "posteriors: use a smaller max_step_size or learning rate for the annealing "
+            "parameters."
         )
 
 

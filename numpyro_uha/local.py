@@ -54,7 +54,7 @@ from numpyro_uha.core import (
     step_sizes_from_beta,
     uha_sample_rows,
 )
-from numpyro_uha._divergence import gate
+from numpyro_uha._divergence import LatchConstraint, LocalDivergenceRecord, check_latch, gate
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import (
     DIVERGENCE_ENERGY,
@@ -228,6 +228,10 @@ class UHALocalGuide(AutoGuide):
         self.remat = remat
         self.sharding = leading_axis_sharding(sharding)
         self._jitted = {}
+        # the latch: a parameter the first diverged chain in training moves off 0
+        # (see _divergence.py); svi.get_params then warns
+        self._divergence = LocalDivergenceRecord()
+        self._latch_constraint = LatchConstraint(self._divergence)
         super().__init__(model, prefix=prefix, init_loc_fn=init_to_median)
 
     # ------------------------------------------------------------------ setup
@@ -662,6 +666,16 @@ class UHALocalGuide(AutoGuide):
         values = {}
         if not self.per_data_point:
             values = {s: self._param(s, v, specs[s]) for s, v in self._init_values.items()}
+        latch = None
+        if skip_diverged:
+            latch = numpyro.param(
+                f"{self.prefix}_diverged", jnp.zeros((), jnp.result_type(float)),
+                constraint=self._latch_constraint,
+            )
+            check_latch(
+                latch, self._divergence, "when the guide was called with its params",
+                reset_if_clear=True,
+            )
         rng_key = numpyro.prng_key()
         if rng_key is None:
             raise RuntimeError(
@@ -695,6 +709,8 @@ class UHALocalGuide(AutoGuide):
             factor = info.log_q_initial - jnp.sum(info.log_weight_increments, axis=-1) - log_det
             if diverged is not None:  # no gradient from a diverged chain; its value stays
                 factor = jnp.where(diverged, jax.lax.stop_gradient(factor), factor)
+                # the latch's loss gradient is (N/B) × the number of diverged chains
+                factor = factor + latch * diverged.astype(factor.dtype)
             numpyro.factor(f"_{self.prefix}_uha_factor", factor)
             for n in self._local_sites:
                 event_dim = self.prototype_trace[n]["fn"].event_dim

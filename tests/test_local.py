@@ -5,6 +5,7 @@ they compute.
 """
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ import pytest
 from numpyro import handlers
 from numpyro.infer import SVI, Predictive, Trace_ELBO
 
-from numpyro_uha import UHALocalGuide
+from numpyro_uha import UHADivergenceWarning, UHALocalGuide
 from numpyro_uha.core import annealed_sample, uha_sample_rows
 
 N = 24
@@ -421,10 +422,26 @@ def test_a_diverged_chain_gives_no_gradient_and_its_loss_shows():
         params, handlers.mask(_narrow_model, mask=keep), handlers.mask(guide, mask=keep)
     )
     assert grads.keys() == masked.keys()
+    # the latch's loss gradient: (N/B) × the number of diverged chains (1, N = B)
+    assert float(grads.pop("local_diverged")) == 1.0
+    assert float(masked.pop("local_diverged")) == 0.0
     for name in grads:
         assert np.all(np.isfinite(np.asarray(grads[name]))), name
         np.testing.assert_allclose(grads[name], masked[name], rtol=1e-5, atol=1e-6, err_msg=name)
     assert float(loss(params, _narrow_model, guide)) > 1e6  # the divergence is not hidden
+    # and the latch reports it where the parameters are concrete
+    state, _ = jax.jit(lambda state: svi.update(state, *args))(state)
+    with pytest.warns(UHADivergenceWarning, match="UHALocalGuide: some data points' chains"):
+        svi.get_params(state)
+
+
+def test_training_without_divergences_leaves_the_latch_at_zero():
+    guide, svi, state, args = _narrow_setup(0.5)  # every data point alike, no divergence
+    state, _ = jax.jit(lambda state: svi.update(state, *args))(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UHADivergenceWarning)
+        params = svi.get_params(state)
+    assert float(params["local_diverged"]) == 0.0
 
 
 def test_a_nonfinite_chain_skips_the_step_and_training_goes_on():
@@ -439,7 +456,9 @@ def test_a_nonfinite_chain_skips_the_step_and_training_goes_on():
     update = jax.jit(lambda state: svi.update(state, *args))  # sizes stay static
     for _ in range(3):
         state, _ = update(state)
-    after = svi.get_params(state)
+    with pytest.warns(UHADivergenceWarning):
+        after = svi.get_params(state)
+    assert float(after.pop("local_diverged")) != 0.0  # the latch moved
     for name, value in after.items():
         assert np.all(np.isfinite(np.asarray(value))), name
         np.testing.assert_array_equal(value, params[name], err_msg=name)  # skipped

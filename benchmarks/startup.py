@@ -18,8 +18,14 @@ compilation cache waits in a *later* process: for each model and guide (``AutoNo
 are timed with it (every program cached: ``jax_persistent_cache_min_compile_time_secs``
 0).
 
+``--warm-process`` times instead ``svi.init`` in a process that has set up the same
+model before (an ``AutoNormal`` fit, as in a notebook): JAX has compiled the model's
+operations once, so ``AutoNormal``'s ``svi.init`` takes a fraction of a second and
+``UHAGuide``'s is the compilation and running of its own programs; a second
+``UHAGuide`` (a new instance, the same model) is timed after it.
+
 Run: ``python -m benchmarks.startup [--models ...] [--repeats 3] [--baseline REF]
-[--persistent-cache]``.
+[--persistent-cache | --warm-process]``.
 """
 
 from __future__ import annotations
@@ -67,6 +73,30 @@ print("RESULT", json.dumps({"seconds": seconds, "start_elbo": start_elbo, "first
 """
 
 
+_WARM_CHILD = r"""
+import json, sys, time, warnings
+warnings.simplefilter("ignore")
+import jax, optax
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
+from numpyro_uha import UHAGuide
+from benchmarks.zoo_models import ZOO
+m = ZOO[sys.argv[1]]
+
+def init_seconds(guide):
+    svi = SVI(m.model, guide, optax.adam(1e-3), Trace_ELBO())
+    start = time.perf_counter()
+    jax.block_until_ready(svi.init(jax.random.PRNGKey(0), *m.args))
+    return time.perf_counter() - start
+
+first = init_seconds(AutoNormal(m.model))  # the model's operations compiled here
+out = {"first_autonormal_s": first, "AutoNormal": init_seconds(AutoNormal(m.model))}
+out["UHAGuide"] = init_seconds(UHAGuide(m.model, K=32))
+out["UHAGuide, again"] = init_seconds(UHAGuide(m.model, K=32))
+print("RESULT", json.dumps(out))
+"""
+
+
 def time_init(model: str, guide: str, tree: str | None = None, cache: str | None = None) -> dict:
     env = dict(os.environ)
     if cache is not None:  # JAX's persistent compilation cache, every program in it
@@ -98,11 +128,17 @@ def main(argv=None):
         "--persistent-cache", action="store_true",
         help="time later processes with JAX's persistent compilation cache filled",
     )
+    parser.add_argument(
+        "--warm-process", action="store_true",
+        help="time svi.init in a process that set up the same model before",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.models, args.repeats = ["hierarchical_logistic"], 1
     if args.persistent_cache:
         return _main_cached(args)
+    if args.warm_process:
+        return _main_warm(args)
 
     with tempfile.TemporaryDirectory() as tmp:
         baseline_tree = None
@@ -187,6 +223,44 @@ def _main_cached(args):
         )
     result = {"rows": rows, "repeats": args.repeats, "persistent_cache": True}
     path = write_results(args.name, result, table)
+    print(path.read_text())
+
+
+def _main_warm(args):
+    rows = {}
+    for model in args.models:
+        runs = []
+        for _ in range(args.repeats):
+            out = subprocess.run(
+                [sys.executable, "-c", _WARM_CHILD, model], capture_output=True, text=True,
+                check=False,
+            )
+            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+            if not line:
+                raise RuntimeError(f"{model} failed:\n{out.stderr[-3000:]}")
+            runs.append(json.loads(line[0][len("RESULT "):]))
+        rows[model] = {
+            key: {"seconds": [r[key] for r in runs],
+                  "median_s": float(np.median([r[key] for r in runs]))}
+            for key in runs[0]
+        }
+        print(model, rows[model], flush=True)
+    table = (
+        "`svi.init` in a process that has set up the same model before (an `AutoNormal` "
+        "`svi.init`, whose time is in the first column), median of "
+        f"{args.repeats} processes; K = 32. Then `AutoNormal` again, `UHAGuide`, and a "
+        "second `UHAGuide` (a new instance of the same guide).\n\n"
+        "| model | first AutoNormal (s) | AutoNormal (s) | UHAGuide (s) | UHAGuide − "
+        "AutoNormal (s) | UHAGuide again (s) |\n|---|---|---|---|---|---|\n"
+    )
+    for model, r in rows.items():
+        an, uha = r["AutoNormal"]["median_s"], r["UHAGuide"]["median_s"]
+        table += (
+            f"| {model} | {r['first_autonormal_s']['median_s']:.2f} | {an:.2f} | {uha:.2f} "
+            f"| {uha - an:+.2f} | {r['UHAGuide, again']['median_s']:.2f} |\n"
+        )
+    path = write_results(args.name, {"rows": rows, "repeats": args.repeats,
+                                     "warm_process": True}, table)
     print(path.read_text())
 
 

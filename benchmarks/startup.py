@@ -107,14 +107,19 @@ def time_init(model: str, guide: str, tree: str | None = None, cache: str | None
         )
     if tree is not None:  # the package and benchmarks of another checkout
         env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
+    return _run_child(_CHILD, model, guide, env=env, cwd=tree)
+
+
+def _run_child(script: str, *argv: str, env=None, cwd=None) -> dict:
+    """Run ``script`` in a fresh Python process; its ``RESULT {json}`` line."""
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, model, guide], capture_output=True, text=True,
-        check=False, env=env, cwd=tree,
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True,
+        check=False, env=env, cwd=cwd,
     )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{model} / {guide} failed:\n{out.stderr[-3000:]}")
+    raise RuntimeError(f"{' / '.join(argv)} failed:\n{out.stderr[-3000:]}")
 
 
 def main(argv=None):
@@ -229,16 +234,7 @@ def _main_cached(args):
 def _main_warm(args):
     rows = {}
     for model in args.models:
-        runs = []
-        for _ in range(args.repeats):
-            out = subprocess.run(
-                [sys.executable, "-c", _WARM_CHILD, model], capture_output=True, text=True,
-                check=False,
-            )
-            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-            if not line:
-                raise RuntimeError(f"{model} failed:\n{out.stderr[-3000:]}")
-            runs.append(json.loads(line[0][len("RESULT "):]))
+        runs = [_run_child(_WARM_CHILD, model) for _ in range(args.repeats)]
         rows[model] = {
             key: {"seconds": [r[key] for r in runs],
                   "median_s": float(np.median([r[key] for r in runs]))}

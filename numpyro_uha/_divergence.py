@@ -49,9 +49,26 @@ __all__ = [
     "DivergenceRecord",
     "LatchConstraint",
     "LocalDivergenceRecord",
+    "DIVERGENCE_ENERGY",
+    "diverged",
     "gate",
     "finite_guard",
 ]
+
+#: A leapfrog step whose energy error exceeds this many nats has diverged (as in NUTS).
+DIVERGENCE_ENERGY = 1000.0
+
+
+def diverged(log_weight, log_accept_ratio):
+    """Whether a chain diverged (per chain, over the last axis of ``log_accept_ratio``):
+    a non-finite log weight, or a leapfrog step whose energy error exceeds
+    :data:`DIVERGENCE_ENERGY` nats (NUTS's rule). The weight is then e^-1000 of the
+    others', nothing, while its gradient, through Jacobians grown exponentially along
+    the trajectory, can be 1e16 or NaN and would swamp Adam's moment estimates for
+    thousands of steps. No gradient."""
+    stop = jax.lax.stop_gradient
+    energy_error = jnp.abs(stop(log_accept_ratio))
+    return ~jnp.isfinite(stop(log_weight)) | jnp.any(energy_error > DIVERGENCE_ENERGY, axis=-1)
 
 
 class UHANonfiniteDrawsWarning(RuntimeWarning):
@@ -158,8 +175,8 @@ class LocalDivergenceRecord(DivergenceRecord):
         return (
             f"UHALocalGuide: some data points' chains diverged during training (found "
             f"{where}): their log weight was not finite, or a leapfrog step's energy error "
-            "exceeded 1000 nats. Those chains were skipped (no gradient from them) and "
-            "training went on; they show as spikes in the losses. Occasional spikes are "
+            f"exceeded {DIVERGENCE_ENERGY:g} nats. Those chains were skipped (no gradient "
+            "from them) and training went on; they show as spikes in the losses. Occasional spikes are "
             "harmless; frequent ones mean a step size too large for some data points' "
             "posteriors: use a smaller max_step_size or learning rate for the annealing "
             "parameters."

@@ -34,6 +34,7 @@ from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
 from numpyro_uha import _decenter
 from numpyro_uha._divergence import (
+    DIVERGENCE_ENERGY,  # noqa: F401 - guide.DIVERGENCE_ENERGY, as before
     DivergenceRecord,
     LatchConstraint,
     UHADivergenceError,
@@ -41,6 +42,7 @@ from numpyro_uha._divergence import (
     UHAFitWarning,
     UHANonfiniteDrawsWarning,
     check_latch,
+    diverged,
     finite_guard,
     gate,
 )
@@ -121,9 +123,6 @@ CURVATURE_WIDTH = 2.0
 
 #: Rows of the setup's value-and-gradient calls (the warm start's: 3 starts × 8 draws).
 SETUP_ROWS = 24
-
-#: A leapfrog step whose energy error exceeds this many nats has diverged (as in NUTS).
-DIVERGENCE_ENERGY = 1000.0
 
 #: Where the kick's force saturates, in q's standard deviations (AnnealingParams.force_limit).
 FORCE_LIMIT_SDS = 30.0
@@ -1187,20 +1186,13 @@ class UHAGuide(AutoContinuous):
             # back from it. The loss gradient of the latch is the fraction of diverged
             # particles (the factor enters the guide's log density), so the optimizer
             # moves it off 0 at the first divergence and never back (see _divergence.py).
-            # Diverged: a non-finite weight, or a leapfrog step whose energy error
-            # exceeds DIVERGENCE_ENERGY nats (NUTS's rule): the weight is then e^-1000
-            # of the others', nothing, while its gradient, through Jacobians that grew
-            # exponentially along the trajectory, can be 1e16 and would swamp Adam's
-            # second-moment estimate for thousands of steps.
-            energy_error = jnp.abs(jax.lax.stop_gradient(info.log_accept_ratio))
-            diverged = ~jnp.isfinite(jax.lax.stop_gradient(log_weight)) | jnp.any(
-                energy_error > DIVERGENCE_ENERGY
-            )
-            z, factor = gate((z, factor), diverged)
-            factor = factor + latch * diverged.astype(factor.dtype)
+            # Diverged: see _divergence.diverged.
+            is_diverged = diverged(log_weight, info.log_accept_ratio)
+            z, factor = gate((z, factor), is_diverged)
+            factor = factor + latch * is_diverged.astype(factor.dtype)
             if record:  # the first diverging training step's parameters, on the host
                 factor = factor + finite_guard(
-                    self._divergence, jnp.where(diverged, jnp.nan, log_weight),
+                    self._divergence, jnp.where(is_diverged, jnp.nan, log_weight),
                     annealing.step_sizes[0],
                     {self._param_name(k): v for k, v in learnable.items()},
                 )

@@ -54,10 +54,15 @@ from numpyro_uha.core import (
     step_sizes_from_beta,
     uha_sample_rows,
 )
-from numpyro_uha._divergence import LatchConstraint, LocalDivergenceRecord, check_latch, gate
+from numpyro_uha._divergence import (
+    LatchConstraint,
+    LocalDivergenceRecord,
+    check_latch,
+    diverged,
+    gate,
+)
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import (
-    DIVERGENCE_ENERGY,
     GROUPS,
     _check_frozen,
     _check_int,
@@ -728,9 +733,9 @@ class UHALocalGuide(AutoGuide):
 
         ``skip_diverged``: as ``UHAGuide`` skips a diverged particle. A chain whose log
         weight is not finite, or with a leapfrog step whose energy error exceeds
-        ``DIVERGENCE_ENERGY`` nats, has weight 0 in the limit while its gradient, through
-        Jacobians grown exponentially along the trajectory, can be 1e16 or NaN and would
-        swamp Adam's moment estimates. Such a chain's end is replaced by its start
+        ``DIVERGENCE_ENERGY`` nats (``_divergence.diverged``), has weight 0 in the limit
+        while its gradient, through Jacobians grown exponentially along the trajectory,
+        can be 1e16 or NaN and would swamp Adam's moment estimates. Such a chain's end is replaced by its start
         (stopped gradient, so the model scores a finite point), no gradient flows back
         from it, and a gradient still not finite at the chain's inputs (NaN through the
         leapfrog's own derivatives) is zeroed (``_divergence.gate``): that step is skipped
@@ -768,15 +773,14 @@ class UHALocalGuide(AutoGuide):
             )
         if rows_sharding is not None:
             rows, log_weight = shard_leading((rows, log_weight), rows_sharding)
-        diverged = None
+        is_diverged = None
         if skip_diverged:
-            stop = jax.lax.stop_gradient
-            diverged = ~jnp.isfinite(stop(log_weight)) | jnp.any(
-                jnp.abs(stop(info.log_accept_ratio)) > DIVERGENCE_ENERGY, axis=-1
+            is_diverged = diverged(log_weight, info.log_accept_ratio)
+            rows = jnp.where(
+                is_diverged[:, None], jax.lax.stop_gradient(info.initial_position), rows
             )
-            rows = jnp.where(diverged[:, None], stop(info.initial_position), rows)
         local_values, log_det = self._constrain(rows)
-        return rows, log_weight, info, local_values, log_det, diverged
+        return rows, log_weight, info, local_values, log_det, is_diverged
 
     # ------------------------------------------------------------ sampling
     def sample_posterior(

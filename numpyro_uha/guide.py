@@ -58,6 +58,8 @@ from numpyro_uha.core import (
     annealed_sample,
     betas_from_logits,
     check_integrator,
+    gaussian_logpdf,
+    gaussian_sample,
     step_sizes_from_beta,
 )
 from numpyro_uha.core.batching import batched_map
@@ -72,7 +74,7 @@ from numpyro_uha.core.sharding import (
 from numpyro_uha.core.warm_start import (
     HVP_ROWS,
     RowsOracle,
-    compile_in_background,
+    difference_oracle,
     max_curvature,
     oracle_log_weights,
     precompile,
@@ -573,21 +575,6 @@ class UHAGuide(AutoContinuous):
             values["force_limit"] = start["force_limit"]
         return values
 
-    def _lower_first_draw(self, loc, scale, arrays, spec, model_params):
-        """The concrete first draw's program (``svi.init``'s) lowered for the
-        parameters the setup will most likely register (a finite warm start with a step
-        ceiling), to compile while the warm start runs; a different outcome only
-        compiles it again at the draw."""
-        def values(loc, scale):
-            start = _start_arrays(loc, scale, jnp.ones((), loc.dtype), self.K + 1, host=False)
-            return self._initial_values(loc, scale, start, True, True)
-
-        values = jax.eval_shape(values, loc, scale)
-        latch = jax.ShapeDtypeStruct((), loc.dtype) if self.check_finite else None
-        key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-        program = self._program(self._draw_one_impl, spec, quick=True, record=False)
-        return program.lower(key, values, latch, model_params, arrays)
-
     @property
     def sample_batch_size(self) -> int:
         """Draws computed together (see the constructor); the device-sized default once
@@ -666,53 +653,26 @@ class UHAGuide(AutoContinuous):
         fallback scale ``scale``, and the curvature at the fitted q) or ``"score"``
         (``init_from``'s q scored, and its curvature); returns ``(fit or log weights, λ)``.
 
-        The model's log density is compiled in two programs (its value and gradient at
-        :data:`SETUP_ROWS` rows, Hessian-vector products at ``HVP_ROWS`` rows), once per
-        argument structure, and the warm start's loops run around them (see
+        The model's log density is compiled in one program, its value and gradient at
+        :data:`SETUP_ROWS` rows (Hessian-vector products by central differences of it,
+        :func:`~numpyro_uha.core.warm_start.difference_oracle`), once per argument
+        structure, and the warm start's loops run around it (see
         :mod:`numpyro_uha.core.warm_start`): one program holding every stage compiled
         the model once per stage and took seconds longer. Set up inside a JAX transform
-        (traced arguments), the same steps are traced inline.
+        (traced arguments), the same steps are traced inline, with exact products.
 
         ``precompiling``: the thread compiling the model-free steps
-        (:meth:`_precompile_setup`); the model's two programs are compiled beside it, and
-        it is joined before the first step runs.
+        (:meth:`_precompile_setup`); it is joined before the first step runs.
         """
         if _is_tracer((rng_key, loc, scale, arrays, model_params)) or not _hashable(spec):
             args, kwargs = _merge_static(arrays, spec)
             oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params), compiled=False)
         else:
-            programs = {
-                part: self._program(self._oracle_impl, spec, part=part)
-                for part in ("value_and_grad", "hvp")
-            }
-            oracle = RowsOracle(
-                lambda zs: programs["value_and_grad"](zs, None, arrays, model_params),
-                lambda zs, vs: programs["hvp"](zs, vs, arrays, model_params),
-                compiled=True,
-            )
-            # The model's two programs, and the first draw's (svi.init's, after the
-            # setup), are traced here and compiled in background threads: the two
-            # beside each other and the model-free steps' rehearsal (precompiling), the
-            # draw's beside the warm start itself.
-            dim, dtype = loc.shape[-1], loc.dtype
+            # the model's one program, compiled at its first call, beside the model-free
+            # steps' rehearsal (precompiling) if that is still running
+            program = self._program(self._oracle_impl, spec)
             width = SETUP_ROWS if kind == "warm_start" else self._score_rows
-            rows = jax.ShapeDtypeStruct((width, dim), dtype)
-            units = jax.ShapeDtypeStruct((HVP_ROWS, dim), dtype)
-            final_scale = jax.ShapeDtypeStruct(
-                (dim, dim) if self.base_dist == "cholesky" else (dim,), dtype
-            )
-            oracle_compiling = compile_in_background(
-                programs["value_and_grad"].lower(rows, None, arrays, model_params),
-                programs["hvp"].lower(units, units, arrays, model_params),
-            )
-            try:
-                first_draw = self._lower_first_draw(loc, final_scale, arrays, spec, model_params)
-            except Exception:  # noqa: BLE001 - an early start only: the draw raises it
-                first_draw = None
-            for thread in oracle_compiling:
-                thread.join()
-            if first_draw is not None:
-                self._draw_compiling = compile_in_background(first_draw)
+            oracle = difference_oracle(lambda zs: program(zs, arrays, model_params), width)
         if precompiling is not None:
             precompiling.join()
         return self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
@@ -770,19 +730,18 @@ class UHAGuide(AutoContinuous):
                 _all_finite((loc, scale), host=True)
             return _start_arrays(loc, scale, lam, self.K + 1, host=True)
 
-        return precompile(signature, rehearsal)
+        return precompile(signature, rehearsal, width=signature[-1] if kind == "score" else SETUP_ROWS)
 
     def _full_rank(self, dim) -> bool:
         if self.requested_base_dist == "auto":
             return 1 < dim <= FULL_RANK_MAX_DIM  # d = 1: the same q either way
         return self.requested_base_dist == "cholesky"
 
-    def _oracle_impl(self, zs, vs, arrays, model_params, *, spec, part):
-        """One part of the log density's :class:`RowsOracle` at rows ``zs``: value and
-        gradient, or (``part="hvp"``) Hessian-vector products with the rows ``vs``."""
+    def _oracle_impl(self, zs, arrays, model_params, *, spec):
+        """The log density's value and gradient at rows ``zs`` (the setup's one model
+        program; see :meth:`_run_setup`)."""
         args, kwargs = _merge_static(arrays, spec)
-        oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params), compiled=False)
-        return oracle.value_and_grad(zs) if part == "value_and_grad" else oracle.hvp(zs, vs)
+        return rows_oracle(self._make_logdensity(args, kwargs, model_params), compiled=False).value_and_grad(zs)
 
     def _q_from_fitted(self, guide, params):
         """(loc, scale) of a fitted Gaussian AutoGuide, in this guide's latent layout."""
@@ -1110,7 +1069,7 @@ class UHAGuide(AutoContinuous):
     def _sample_latent(self, *args, **kwargs):
         return self._latent_and_model_params(*args, **kwargs)[0]
 
-    def _latent_and_model_params(self, *args, **kwargs):
+    def _latent_and_model_params(self, *args, _setup_call=False, **kwargs):
         kwargs.pop("sample_shape", None)
         values = self._register_params()
         latch = None
@@ -1144,13 +1103,19 @@ class UHAGuide(AutoContinuous):
         arrays, spec = _split_static((args, kwargs))
         inputs = (rng_key, values, latch, model_params, arrays)
         concrete = not _is_tracer(inputs)
-        for thread in self.__dict__.pop("_draw_compiling", ()):  # see _run_setup
-            thread.join()
-        # A concrete call is not a training step: nothing to record on the host, so its
-        # program holds no host callback and JAX's persistent cache can keep it.
-        z, factor, start = self._program(
-            self._draw_one_impl, spec, quick=concrete, record=not concrete
-        )(*inputs)
+        if concrete and _setup_call:
+            # The call that set the guide up (svi.init): NumPyro only reads its values to
+            # trace the model and collect the parameters, so it draws from q, the
+            # chain's start, and the K-step chain is not compiled for it (every later
+            # call runs the chain; training compiles its own inline). Its factor, log q,
+            # makes it a valid (K = 0) importance draw.
+            z, factor, start = self._program(self._start_draw_impl, spec, quick=True)(*inputs)
+        else:
+            # A concrete call is not a training step: nothing to record on the host, so
+            # its program holds no host callback and JAX's persistent cache can keep it.
+            z, factor, start = self._program(
+                self._draw_one_impl, spec, quick=concrete, record=not concrete
+            )(*inputs)
         if self.check_finite and concrete and not bool(jnp.all(jnp.isfinite(z))):
             # A concrete call (svi.init, Predictive without jit): the model would reject
             # NaN values with an opaque validation error. Hand it the finite start of
@@ -1198,10 +1163,22 @@ class UHAGuide(AutoContinuous):
                 )
         return z, factor, info.initial_position
 
+    def _start_draw_impl(self, rng_key, values, latch, model_params, arrays, *, spec):
+        """A draw from q alone: ``(z, log q(z), z)``, the setup call's (see
+        :meth:`_latent_and_model_params`); ``z`` is the chain's start for the same key."""
+        annealing = self._assemble(values)
+        loc, scale = annealing.loc, annealing.scale
+        key_init = jax.random.split(rng_key, 4)[0]  # annealed_sample's start stream
+        z = gaussian_sample(jax.random.normal(key_init, loc.shape, loc.dtype), loc, scale)
+        return z, gaussian_logpdf(z, loc, scale), z
+
     def __call__(self, *args, **kwargs):
-        if self.prototype_trace is None:
+        setup_call = self.prototype_trace is None
+        if setup_call:
             self._setup_prototype(*args, **kwargs)
-        latent, model_params = self._latent_and_model_params(*args, **kwargs)
+        latent, model_params = self._latent_and_model_params(
+            *args, _setup_call=setup_call, **kwargs
+        )
         mask_off = numpyro.get_mask() is False
         arrays, spec = _split_static((args, kwargs))
         inputs = (latent, model_params, arrays)
@@ -1290,7 +1267,6 @@ class UHAGuide(AutoContinuous):
         # compiled functions do not pickle; they are rebuilt on first use
         state["_jitted_draws"] = {}
         state["_jitted_setup"] = {}
-        state.pop("_draw_compiling", None)  # threads (see _run_setup); the draw compiles
         state["_auto_batch_size"] = None  # sized again for the device it is loaded on
         state["_start_data"] = None  # derived again from the setup arguments
         return state

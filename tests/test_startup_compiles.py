@@ -5,8 +5,10 @@ Checked in fresh processes (a process compiles each step once, so only a fresh o
 who compiled it), from JAX's own compile log: every model-free step (the functions
 decorated by ``small_jit``, in the warm start and the guide) that the setup needs is
 compiled by the rehearsal thread, none by the main thread; so the rehearsal makes the
-same calls, with the same shapes, dtypes and static arguments, as the real setup. And the
-rehearsal changes nothing the setup computes.
+same calls, with the same shapes, dtypes and static arguments, as the real setup. The
+model itself is compiled once (its value and gradient), and ``svi.init``'s own draw is
+q's, not the chain's; a later concrete call runs the chain. And the rehearsal changes
+nothing the setup computes.
 """
 
 import json
@@ -16,6 +18,7 @@ import sys
 
 import jax
 import numpy as np
+import numpyro
 import optax
 import pytest
 from numpyro.infer import SVI, Trace_ELBO
@@ -53,11 +56,15 @@ options = json.loads(sys.argv[2])
 guide = UHAGuide(logistic_regression_model, K=4, **options)
 svi = SVI(logistic_regression_model, guide, optax.adam(1e-3), Trace_ELBO())
 svi.init(jax.random.PRNGKey(0), X, y)
+at_init = list(compiled)
+import numpyro
+numpyro.handlers.seed(guide, 1)(X, y)  # a later concrete call: the chain runs
+compiled, later = at_init, compiled[len(at_init):]
 steps = sorted({
     name for module in (warm_start_module, guide_module)
     for name, fn in vars(module).items() if getattr(fn, "small_jit", False)
 })
-print("RESULT", json.dumps({"compiled": compiled, "steps": steps, "base": guide.base_dist}))
+print("RESULT", json.dumps({"compiled": compiled, "later": later, "steps": steps, "base": guide.base_dist}))
 """
 
 
@@ -96,9 +103,14 @@ def test_the_main_thread_compiles_no_model_free_step(columns, options, base):
     # the warm start's whole path was rehearsed (not only some of it)
     assert {"_prepare", "_mode_step", "_vi_begin", "_vi_step", "_pick", "_score_finish",
             "_curvature_max", "_all_finite", "_start_arrays"} <= rehearsed
-    # and the model's own programs were compiled by the main thread, once each
-    model_programs = [n for n, t in result["compiled"] if n in ("_oracle_impl", "_draw_one_impl")]
-    assert sorted(model_programs) == ["_draw_one_impl", "_oracle_impl", "_oracle_impl"]
+    # and the model's own program, its value and gradient (Hessian-vector products by
+    # differences of it), was compiled once; svi.init's own draw is q's (the setup call),
+    # not the chain's, whose program no training step reuses
+    programs = ("_oracle_impl", "_draw_one_impl", "_start_draw_impl")
+    model_programs = [n for n, t in result["compiled"] if n in programs]
+    assert sorted(model_programs) == ["_oracle_impl", "_start_draw_impl"]
+    # a later concrete call (the guide set up) runs the chain
+    assert [n for n, t in result["later"] if n in programs] == ["_draw_one_impl"]
 
 
 def test_the_rehearsal_changes_nothing_the_setup_computes(monkeypatch):
@@ -111,7 +123,7 @@ def test_the_rehearsal_changes_nothing_the_setup_computes(monkeypatch):
         return guide._start_elbo, {k: np.asarray(v) for k, v in params.items()}
 
     with_rehearsal = init_values()
-    monkeypatch.setattr(guide_module, "precompile", lambda signature, rehearsal: None)
+    monkeypatch.setattr(guide_module, "precompile", lambda signature, rehearsal, width=None: None)
     without = init_values()
     assert with_rehearsal[0] == without[0]
     assert with_rehearsal[1].keys() == without[1].keys()
@@ -120,9 +132,10 @@ def test_the_rehearsal_changes_nothing_the_setup_computes(monkeypatch):
 
 
 def test_the_concrete_draw_has_no_host_callback_and_a_training_step_has(monkeypatch):
-    """``svi.init``'s draw (a concrete call, not a training step) records no divergence on
-    the host, so its program holds no host callback and JAX's persistent compilation
-    cache may keep it; a training step still records (``_divergence.finite_guard``)."""
+    """A concrete call (not a training step: ``svi.init``'s, a direct call) records no
+    divergence on the host, so its program holds no host callback and JAX's persistent
+    compilation cache may keep it; a training step still records
+    (``_divergence.finite_guard``)."""
     import numpyro_uha._divergence as divergence_module
 
     traced = []
@@ -137,6 +150,7 @@ def test_the_concrete_draw_has_no_host_callback_and_a_training_step_has(monkeypa
     guide = UHAGuide(logistic_regression_model, K=2, warm_start_steps=30)
     svi = SVI(logistic_regression_model, guide, optax.adam(1e-3), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0), X, y)
-    assert traced == [], "svi.init's concrete draw traced a host callback"
+    numpyro.handlers.seed(guide, 1)(X, y)  # a concrete call that runs the chain
+    assert traced == [], "a concrete draw traced a host callback"
     jax.jit(svi.update).lower(state, X, y)
     assert traced, "the training step no longer records divergences on the host"

@@ -10,7 +10,10 @@
   correlated Gaussian posterior is fitted before VI moves (the Hessian read from the
   same Hessian-vector products equals ``jax.hessian``);
 * the log density is compiled twice in all (value-and-gradient, Hessian-vector
-  products), and a second warm start of the same shapes compiles nothing.
+  products), and a second warm start of the same shapes compiles nothing;
+* the guide's oracle (:func:`difference_oracle`: products by central differences of the
+  one compiled gradient program) matches exact products, and a warm start on it compiles
+  the log density once.
 """
 
 import logging
@@ -25,6 +28,7 @@ from numpyro_uha.core import fit_gaussian
 from numpyro_uha.core.warm_start import (
     _fit_starts,
     curvature_scale,
+    difference_oracle,
     find_mode,
     hessian_matrix,
     max_curvature,
@@ -194,3 +198,47 @@ def test_full_rank_laplace_start_fits_a_correlated_gaussian_before_vi():
         learning_rate=1e-5, oracle=rows_oracle(logdensity),
     )
     assert np.all(np.asarray(diagonal.scale) < 0.3 * sd)
+
+
+def _difference(logdensity, width=24):
+    return difference_oracle(rows_oracle(logdensity).value_and_grad, width)
+
+
+def test_difference_products_match_exact_ones():
+    """Central differences of the gradient against forward-over-reverse products: on the
+    logistic regression (not quadratic), at 65 rows (six chunks of 24, the last partly
+    padding), for unit vectors and for scaled random directions."""
+    key_z, key_v = jax.random.split(jax.random.PRNGKey(4))
+    zs = jax.random.normal(key_z, (65, 4))
+    exact, approx = rows_oracle(logistic), _difference(logistic)
+    for vs in (jnp.tile(jnp.eye(4), (17, 1))[:65], 0.3 * jax.random.normal(key_v, (65, 4))):
+        want, got = exact.hvp(zs, vs), approx.hvp(zs, vs)
+        scale = np.max(np.abs(np.asarray(want)), axis=-1, keepdims=True)
+        np.testing.assert_array_less(np.abs(np.asarray(got - want)) / scale, 1e-3)
+    # the Hessian read from them, one chunk and several
+    z = zs[0]
+    for width in (24, 5):
+        hessian = hessian_matrix(None, z, oracle=_difference(logistic, width))
+        np.testing.assert_allclose(hessian, jax.hessian(logistic)(z), rtol=2e-3, atol=2e-3)
+
+
+def test_difference_products_are_exact_on_a_quadratic():
+    logdensity, cov, mean = _correlated()
+    precision = np.linalg.inv(cov)
+    z = jnp.asarray(mean + 0.1, jnp.float32)
+    hessian = np.asarray(hessian_matrix(None, z, oracle=_difference(logdensity)))
+    # the gradient is linear: the differences are exact up to float32 rounding
+    np.testing.assert_allclose(hessian, -precision, rtol=1e-3, atol=1e-3 * np.abs(precision).max())
+
+
+def test_warm_start_on_difference_products_compiles_the_log_density_once():
+    oracle = _difference(logistic)
+    fit = warm_start(jax.random.PRNGKey(0), None, jnp.zeros(4), 0.1, num_steps=100, oracle=oracle)
+    max_curvature(None, jnp.broadcast_to(fit.loc, (65, 4)), fit.scale, oracle=oracle)
+    assert oracle.value_and_grad._cache_size() == 1
+    exact = warm_start(
+        jax.random.PRNGKey(0), None, jnp.zeros(4), 0.1, num_steps=100, oracle=rows_oracle(logistic)
+    )
+    # the same fit as with exact products (the mode by L-BFGS, VI from the same draws)
+    np.testing.assert_allclose(fit.loc, exact.loc, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(fit.scale, exact.scale, rtol=1e-2)

@@ -33,6 +33,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
 from numpyro_uha import _decenter
+from numpyro_uha._compiled_init import compiled_initialization
 from numpyro_uha._divergence import (
     DIVERGENCE_ENERGY,  # noqa: F401 - guide.DIVERGENCE_ENERGY, as before
     DivergenceRecord,
@@ -50,6 +51,7 @@ from numpyro_uha._precondition import (
     StandardizedCholesky,
     StandardizedPositive,
     StandardizedReal,
+    _scale_corr_inverse,
 )
 from numpyro_uha._weights import _warn_if_poor_fit
 from numpyro_uha.core import (
@@ -455,7 +457,8 @@ class UHAGuide(AutoContinuous):
         if decenter:
             self.model = _decenter.decentered_model(self._user_model, decenter)
         try:
-            super()._setup_prototype(*args, **kwargs)
+            with compiled_initialization():  # NumPyro's initial point, compiled
+                super()._setup_prototype(*args, **kwargs)
         except RuntimeError as err:
             if "valid initial parameters" not in str(err):
                 raise
@@ -668,10 +671,14 @@ class UHAGuide(AutoContinuous):
             args, kwargs = _merge_static(arrays, spec)
             oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params), compiled=False)
         else:
-            # the model's one program, compiled at its first call, beside the model-free
-            # steps' rehearsal (precompiling) if that is still running
             program = self._program(self._oracle_impl, spec)
             width = SETUP_ROWS if kind == "warm_start" else self._score_rows
+            if precompiling is not None and precompiling.is_alive():
+                # the model's one program, compiled now, beside the model-free steps'
+                # rehearsal (XLA releases the GIL while it compiles); the call below
+                # finds it compiled
+                rows = jax.ShapeDtypeStruct((width, loc.shape[-1]), loc.dtype)
+                program.lower(rows, arrays, model_params).compile()
             oracle = difference_oracle(lambda zs: program(zs, arrays, model_params), width)
         if precompiling is not None:
             precompiling.join()
@@ -728,7 +735,10 @@ class UHAGuide(AutoContinuous):
             if kind == "warm_start":
                 loc, scale = out.loc, out.scale
                 _all_finite((loc, scale), host=True)
-            return _start_arrays(loc, scale, lam, self.K + 1, host=True)
+            start = _start_arrays(loc, scale, lam, self.K + 1, host=True)
+            if full_rank:  # the Cholesky parameter's inverse transform (svi.init's)
+                _scale_corr_inverse(scale, start["stability_scale"])
+            return start, _q_draw(key, loc, scale, host=True)  # the setup call's draw
 
         return precompile(signature, rehearsal, width=signature[-1] if kind == "score" else SETUP_ROWS)
 
@@ -819,8 +829,27 @@ class UHAGuide(AutoContinuous):
                 )
         return names
 
+    def _abstract_trace(self, model, args, kwargs):
+        """The model's trace at init (:meth:`_trace_at_init`) with abstract values: its
+        sites, distributions and shapes, traced without compiling or running anything
+        (the concrete trace compiles each of the model's operations the first time,
+        seconds on 2 cores; NumPyro's initialization does that later anyway). The
+        concrete trace where the abstract one fails (e.g. Python control flow on latent
+        values)."""
+        traces = []
+
+        def probe():
+            traces.append(self._trace_at_init(model, args, kwargs))
+            return jnp.zeros(())
+
+        try:
+            jax.eval_shape(probe)
+        except Exception:  # noqa: BLE001 - not traceable: the concrete trace
+            return self._trace_at_init(model, args, kwargs)
+        return traces[0]
+
     def _validate_model(self, args, kwargs):
-        model_trace = self._trace_at_init(self.model, args, kwargs)
+        model_trace = self._abstract_trace(self.model, args, kwargs)
         latent = []
         for name, site in model_trace.items():
             if site["type"] == "plate":
@@ -1109,7 +1138,8 @@ class UHAGuide(AutoContinuous):
             # chain's start, and the K-step chain is not compiled for it (every later
             # call runs the chain; training compiles its own inline). Its factor, log q,
             # makes it a valid (K = 0) importance draw.
-            z, factor, start = self._program(self._start_draw_impl, spec, quick=True)(*inputs)
+            z, factor = _q_draw(rng_key, values["loc"], values["scale"], host=True)
+            start = z
         else:
             # A concrete call is not a training step: nothing to record on the host, so
             # its program holds no host callback and JAX's persistent cache can keep it.
@@ -1162,15 +1192,6 @@ class UHAGuide(AutoContinuous):
                     {self._param_name(k): v for k, v in learnable.items()},
                 )
         return z, factor, info.initial_position
-
-    def _start_draw_impl(self, rng_key, values, latch, model_params, arrays, *, spec):
-        """A draw from q alone: ``(z, log q(z), z)``, the setup call's (see
-        :meth:`_latent_and_model_params`); ``z`` is the chain's start for the same key."""
-        annealing = self._assemble(values)
-        loc, scale = annealing.loc, annealing.scale
-        key_init = jax.random.split(rng_key, 4)[0]  # annealed_sample's start stream
-        z = gaussian_sample(jax.random.normal(key_init, loc.shape, loc.dtype), loc, scale)
-        return z, gaussian_logpdf(z, loc, scale), z
 
     def __call__(self, *args, **kwargs):
         setup_call = self.prototype_trace is None
@@ -1754,6 +1775,16 @@ def _curvature(oracle, loc, scale):
     _, host = resolve_oracle(None, oracle, loc, scale)
     points, s = _curvature_points(loc, scale, host=host)
     return _curvature_max(max_curvature(None, points, s, oracle=oracle), scale, host=host)
+
+
+@small_jit()
+def _q_draw(rng_key, loc, scale):
+    """A draw from q = N(loc, scale) and its log density: the setup call's (see
+    ``UHAGuide._latent_and_model_params``), the chain's start for the same key (the
+    stream :func:`~numpyro_uha.core.annealed_sample` starts from)."""
+    key_init = jax.random.split(rng_key, 4)[0]
+    z = gaussian_sample(jax.random.normal(key_init, loc.shape, loc.dtype), loc, scale)
+    return z, gaussian_logpdf(z, loc, scale)
 
 
 @small_jit()

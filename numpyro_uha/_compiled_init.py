@@ -1,0 +1,77 @@
+"""NumPyro's initialization, compiled: what ``UHAGuide``'s ``svi.init`` waits for first.
+
+Every AutoGuide's setup calls NumPyro's ``initialize_model``, whose
+``find_valid_initial_params`` evaluates the model's potential energy and its gradient at
+the initial point. For a single point (one PRNG key) NumPyro runs that evaluation op by
+op, so that it need not compile it ("only helpful for single chain, where we can avoid
+compiling body_fn in while_loop"); for a batch of keys it compiles it once, in a
+``while_loop`` under ``lax.map``. On a 2-core CPU the op-by-op run is the slower of the
+two: every primitive of the forward and backward pass is compiled on its own the first
+time. ``AutoNormal``'s ``svi.init`` spent 3.5, 6.4 and 3.8 s of its 6.6, 10.5 and 6.9 s
+there on a GP, an LKJ model and a hierarchical logistic regression; through the batched
+path, with a batch of one key, 1.8, 1.4 and 1.3 s, with the same initial values (one
+fresh process each; docs/benchmarks.md, "Start-up").
+
+:func:`compiled_initialization` routes ``find_valid_initial_params`` through the batched
+path for the duration of a ``with`` block: called with one raw key, it calls NumPyro's
+own function with that key as a batch of one and returns the batch's only element. The
+random numbers, and so the initial values, are those of the single-key path: NumPyro's
+batched search starts from the same state, and its first iteration is the single-key
+path's one attempt. Where the batched path raises (e.g. a model with Python control flow
+on latent values, which cannot be traced; such a model cannot be trained under ``jit``
+either), the single-key path runs instead, as without the block. Typed keys and traced
+keys go to NumPyro's function unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpyro.infer.util as _infer_util
+
+#: Serializes the swap of numpyro.infer.util.find_valid_initial_params.
+_LOCK = threading.RLock()
+
+
+def _is_raw_key(rng_key) -> bool:
+    return (
+        not isinstance(rng_key, jax.core.Tracer)
+        and not jnp.issubdtype(jnp.result_type(rng_key), jax.dtypes.prng_key)
+        and jnp.shape(rng_key) == (2,)
+    )
+
+
+def _batched(original):
+    def find_valid_initial_params(rng_key, *args, **kwargs):
+        if not _is_raw_key(rng_key):
+            return original(rng_key, *args, **kwargs)
+        try:
+            (params, potential, grad), is_valid = original(
+                jnp.asarray(rng_key)[None], *args, **kwargs
+            )
+        except Exception:  # noqa: BLE001 - not traceable: NumPyro's op-by-op path
+            return original(rng_key, *args, **kwargs)
+        first = lambda x: x[0]  # noqa: E731
+        return jax.tree.map(first, (params, potential, grad)), first(is_valid)
+
+    find_valid_initial_params.uha_batched = True
+    return find_valid_initial_params
+
+
+@contextlib.contextmanager
+def compiled_initialization():
+    """Within the block, NumPyro's ``initialize_model`` finds its initial point through
+    its compiled (batched) path; see the module docstring."""
+    with _LOCK:
+        original = _infer_util.find_valid_initial_params
+        if getattr(original, "uha_batched", False):  # nested: already routed
+            yield
+            return
+        _infer_util.find_valid_initial_params = _batched(original)
+        try:
+            yield
+        finally:
+            _infer_util.find_valid_initial_params = original

@@ -1,0 +1,132 @@
+"""``numpyro_uha._compiled_init``: NumPyro's initial point through its compiled (batched)
+path during ``UHAGuide``'s setup (issue 16, item 1: a fast ``svi.init``).
+
+* within the block, one raw key is searched as a batch of one: the same initial values,
+  potential energy and gradient as NumPyro's single-key path;
+* a model that cannot be traced (Python control flow on a latent value) falls back to
+  the single-key path, with the same result as without the block;
+* typed keys pass through unchanged; the function is restored after the block, also
+  when the block raises; a nested block keeps the routing;
+* ``svi.init`` of ``UHAGuide`` takes the batched path, and its parameters equal those of a
+  setup without the block.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import numpyro.infer.util as infer_util
+import optax
+import pytest
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.infer.util import initialize_model
+
+import numpyro_uha._compiled_init as compiled_init_module
+import numpyro_uha.guide as guide_module
+from numpyro_uha import UHAGuide
+from numpyro_uha._compiled_init import compiled_initialization
+
+
+def model(y=jnp.array([0.3, -1.2, 2.0, 0.7])):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.StudentT(4.0, mu, sigma), obs=y)
+
+
+def branching_model():
+    x = numpyro.sample("x", dist.Normal(0.0, 1.0))
+    if x > 0:  # Python control flow on a latent value: not traceable
+        numpyro.factor("f", -x)
+
+
+def _init(model_fn, key):
+    info = initialize_model(key, model_fn, init_strategy=init_to_uniform)
+    return info.param_info
+
+
+def _record_keys(monkeypatch):
+    shapes = []
+    original = infer_util.find_valid_initial_params
+
+    def recording(rng_key, *args, **kwargs):
+        shapes.append(jnp.shape(rng_key))
+        return original(rng_key, *args, **kwargs)
+
+    monkeypatch.setattr(infer_util, "find_valid_initial_params", recording)
+    return shapes
+
+
+def test_one_key_is_searched_as_a_batch_of_one_with_the_same_result(monkeypatch):
+    key = jax.random.PRNGKey(3)
+    want = _init(model, key)
+    shapes = _record_keys(monkeypatch)
+    with compiled_initialization():
+        got = _init(model, key)
+    assert shapes == [(1, 2)]  # NumPyro's batched (compiled) path
+    for name in want.z:
+        np.testing.assert_array_equal(got.z[name], want.z[name])
+        np.testing.assert_allclose(got.z_grad[name], want.z_grad[name], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.potential_energy, want.potential_energy, rtol=1e-6)
+    assert jnp.shape(got.potential_energy) == jnp.shape(want.potential_energy)
+
+
+def test_an_untraceable_model_falls_back_to_the_single_key_path(monkeypatch):
+    key = jax.random.PRNGKey(0)
+    want = _init(branching_model, key)
+    shapes = _record_keys(monkeypatch)
+    with compiled_initialization():
+        got = _init(branching_model, key)
+    assert shapes == [(1, 2), (2,)]  # tried batched, then the single-key path
+    np.testing.assert_array_equal(got.z["x"], want.z["x"])
+
+
+def test_typed_keys_pass_through_and_the_function_is_restored(monkeypatch):
+    shapes = _record_keys(monkeypatch)
+    patched = infer_util.find_valid_initial_params
+    with compiled_initialization():
+        _init(model, jax.random.key(1))
+        _init(model, jax.random.split(jax.random.key(1), 2))  # typed keys, a batch of 2
+        with compiled_initialization():  # nested: still routed, restored once
+            assert getattr(infer_util.find_valid_initial_params, "uha_batched", False)
+    assert shapes == [(), (2,)]
+    assert infer_util.find_valid_initial_params is patched
+    with pytest.raises(RuntimeError, match="inside"):
+        with compiled_initialization():
+            raise RuntimeError("inside")
+    assert infer_util.find_valid_initial_params is patched
+
+
+def test_uha_setup_takes_the_batched_path_with_the_same_parameters(monkeypatch):
+    def init_params():
+        guide = UHAGuide(model, K=2, warm_start_steps=30)
+        svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+        return svi.get_params(svi.init(jax.random.PRNGKey(0)))
+
+    shapes = _record_keys(monkeypatch)
+    routed = init_params()
+    assert shapes == [(1, 2)]
+    # the same setup with the block doing nothing
+    monkeypatch.setattr(guide_module, "compiled_initialization", _no_routing)
+    plain = init_params()
+    assert shapes == [(1, 2), (2,)]
+    assert routed.keys() == plain.keys()
+    for name in routed:
+        np.testing.assert_allclose(routed[name], plain[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+class _no_routing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_module_names_numpyro_function_it_routes():
+    # the routing works through this module attribute: NumPyro's initialize_model
+    # looks it up at call time (a NumPyro that moved it would make the block a no-op)
+    assert compiled_init_module._infer_util is infer_util
+    assert "find_valid_initial_params" in initialize_model.__code__.co_names

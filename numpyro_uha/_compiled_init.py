@@ -14,8 +14,9 @@ fresh process each; docs/benchmarks.md, "Start-up").
 
 :func:`compiled_initialization` routes ``find_valid_initial_params`` through the batched
 path for the duration of a ``with`` block: called with one raw key, it calls NumPyro's
-own function with that key as a batch of one and returns the batch's only element. The
-random numbers, and so the initial values, are those of the single-key path: NumPyro's
+own function with that key as a batch of one and returns the batch's only element, the
+values' dict in the model's site order (the flat latent layout follows it). The random
+numbers, and so the initial values, are those of the single-key path: NumPyro's
 batched search starts from the same state, and its first iteration is the single-key
 path's one attempt. Where the batched path raises (e.g. a model with Python control flow
 on latent values, which cannot be traced; such a model cannot be trained under ``jit``
@@ -55,10 +56,22 @@ def _batched(original):
         except Exception:  # noqa: BLE001 - not traceable: NumPyro's op-by-op path
             return original(rng_key, *args, **kwargs)
         first = lambda x: x[0]  # noqa: E731
-        return jax.tree.map(first, (params, potential, grad)), first(is_valid)
+        params, potential, grad = jax.tree.map(first, (params, potential, grad))
+        # JAX returns dicts with sorted keys; the single-key path keeps the model's
+        # order for the values (its gradient, from JAX too, is sorted either way), and
+        # AutoContinuous's flat latent layout follows it
+        params = _in_order(params, kwargs.get("prototype_params") or {})
+        return (params, potential, grad), first(is_valid)
 
     find_valid_initial_params.uha_batched = True
     return find_valid_initial_params
+
+
+def _in_order(tree, order):
+    """A dict ``tree`` with the keys of ``order`` first, in that order."""
+    if not isinstance(tree, dict):
+        return tree
+    return {**{k: tree[k] for k in order if k in tree}, **tree}
 
 
 @contextlib.contextmanager

@@ -36,6 +36,13 @@ def model(y=jnp.array([0.3, -1.2, 2.0, 0.7])):
         numpyro.sample("y", dist.StudentT(4.0, mu, sigma), obs=y)
 
 
+def zeta_model():
+    """Sites whose trace order is not their sorted order (zeta, alpha, mid)."""
+    zeta = numpyro.sample("zeta", dist.Normal(0.0, 1.0))
+    alpha = numpyro.sample("alpha", dist.HalfNormal(1.0).expand([3]).to_event(1))
+    numpyro.sample("mid", dist.Normal(zeta, alpha.sum()), obs=0.5)
+
+
 def branching_model():
     x = numpyro.sample("x", dist.Normal(0.0, 1.0))
     if x > 0:  # Python control flow on a latent value: not traceable
@@ -61,11 +68,13 @@ def _record_keys(monkeypatch):
 
 def test_one_key_is_searched_as_a_batch_of_one_with_the_same_result(monkeypatch):
     key = jax.random.PRNGKey(3)
-    want = _init(model, key)
+    want = _init(zeta_model, key)
     shapes = _record_keys(monkeypatch)
     with compiled_initialization():
-        got = _init(model, key)
+        got = _init(zeta_model, key)
     assert shapes == [(1, 2)]  # NumPyro's batched (compiled) path
+    assert list(got.z) == list(want.z) == ["zeta", "alpha"]  # the model's order
+    assert list(got.z_grad) == list(want.z_grad)
     for name in want.z:
         np.testing.assert_array_equal(got.z[name], want.z[name])
         np.testing.assert_allclose(got.z_grad[name], want.z_grad[name], rtol=1e-5, atol=1e-6)
@@ -101,17 +110,20 @@ def test_typed_keys_pass_through_and_the_function_is_restored(monkeypatch):
 
 def test_uha_setup_takes_the_batched_path_with_the_same_parameters(monkeypatch):
     def init_params():
-        guide = UHAGuide(model, K=2, warm_start_steps=30)
-        svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
-        return svi.get_params(svi.init(jax.random.PRNGKey(0)))
+        guide = UHAGuide(zeta_model, K=2, warm_start_steps=30)
+        svi = SVI(zeta_model, guide, optax.adam(1e-3), Trace_ELBO())
+        params = svi.get_params(svi.init(jax.random.PRNGKey(0)))
+        return guide._init_latent, params
 
     shapes = _record_keys(monkeypatch)
-    routed = init_params()
+    routed_latent, routed = init_params()
     assert shapes == [(1, 2)]
     # the same setup with the block doing nothing
     monkeypatch.setattr(guide_module, "compiled_initialization", _no_routing)
-    plain = init_params()
+    plain_latent, plain = init_params()
     assert shapes == [(1, 2), (2,)]
+    # the same flat latent layout (sites in the model's order, not sorted by name)
+    np.testing.assert_array_equal(routed_latent, plain_latent)
     assert routed.keys() == plain.keys()
     for name in routed:
         np.testing.assert_allclose(routed[name], plain[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -76,7 +76,6 @@ from numpyro_uha.core.sharding import (
 from numpyro_uha.core.warm_start import (
     HVP_ROWS,
     RowsOracle,
-    compile_in_background,
     difference_oracle,
     max_curvature,
     oracle_log_weights,
@@ -457,13 +456,6 @@ class UHAGuide(AutoContinuous):
         decenter = self._resolve_decenter(args, kwargs)
         if decenter:
             self.model = _decenter.decentered_model(self._user_model, decenter)
-            self._early_layout, self._early_params = _latent_layout(
-                self._abstract_trace(self.model, args, kwargs)
-            )
-        early = None
-        setup_runs = self.init_from is not None or self.warm_start_steps > 0
-        if setup_runs and self._early_layout is not None and not _is_tracer((args, kwargs)):
-            early = self._compile_oracle_early(args, kwargs)
         try:
             with compiled_initialization():  # NumPyro's initial point, compiled
                 super()._setup_prototype(*args, **kwargs)
@@ -487,17 +479,6 @@ class UHAGuide(AutoContinuous):
                 )
         else:
             self.decentered_sites = ()
-        if early is not None:
-            model, layout, threads = early
-            layout_now = {k: tuple(jnp.shape(v)) for k, v in self._init_locs.items()}
-            if model is not self.model or list(layout.items()) != list(layout_now.items()):
-                # traced for another model or layout: compile afresh at the first call
-                for thread in threads:
-                    thread.join()
-                self._jitted_setup.clear()
-            else:
-                self._oracle_compiling = threads  # joined before the first call
-        self._early_layout = self._early_params = None  # abstract values: not kept
         if self.requested_base_dist == "auto":
             self.base_dist = "cholesky" if self._full_rank(self.latent_dim) else "diagonal"
         self._model_param_sites = {
@@ -692,10 +673,7 @@ class UHAGuide(AutoContinuous):
         else:
             program = self._program(self._oracle_impl, spec)
             width = SETUP_ROWS if kind == "warm_start" else self._score_rows
-            early = self.__dict__.pop("_oracle_compiling", None)
-            for thread in early or ():  # compiled since before NumPyro's initialization
-                thread.join()
-            if not early and precompiling is not None and precompiling.is_alive():
+            if precompiling is not None and precompiling.is_alive():
                 # the model's one program, compiled now, beside the model-free steps'
                 # rehearsal (XLA releases the GIL while it compiles); the call below
                 # finds it compiled
@@ -851,37 +829,6 @@ class UHAGuide(AutoContinuous):
                 )
         return names
 
-    def _compile_oracle_early(self, args, kwargs):
-        """Trace the setup's model program (:meth:`_oracle_impl`) before NumPyro's
-        initialization, from the abstract trace's layout (:func:`_latent_layout`), and
-        compile it in a background thread beside that initialization; returns
-        ``(model, layout, threads)`` for the check after it (the program reads the
-        unpacking and the model when traced: a different outcome discards it), or
-        ``None`` where nothing was started."""
-        layout, params = self._early_layout, self._early_params
-        arrays, spec = _split_static((args, kwargs))
-        if params is None or _is_tracer(params) or not _hashable(spec):
-            return None
-        sizes = [math.prod(shape) for shape in layout.values()]
-        offsets = np.cumsum([0] + sizes)
-
-        def unpack(z):
-            return {
-                name: jnp.reshape(z[..., a:b], jnp.shape(z)[:-1] + shape)
-                for (name, shape), a, b in zip(layout.items(), offsets[:-1], offsets[1:])
-            }
-
-        # NumPyro's setup sets both again
-        self._init_locs, self._unpack_latent = dict.fromkeys(layout), unpack
-        width = SETUP_ROWS if self.init_from is None else self._score_rows
-        rows = jax.ShapeDtypeStruct((width, int(offsets[-1])), jnp.result_type(float))
-        try:
-            lowered = self._program(self._oracle_impl, spec).lower(rows, arrays, params)
-        except Exception:  # noqa: BLE001 - an early start only: the first call compiles
-            self._jitted_setup.clear()
-            return None
-        return self.model, dict(layout), compile_in_background(lowered)
-
     def _abstract_trace(self, model, args, kwargs):
         """The model's trace at init (:meth:`_trace_at_init`) with abstract values: its
         sites, distributions and shapes, traced without compiling or running anything
@@ -941,12 +888,15 @@ class UHAGuide(AutoContinuous):
                 "UHAGuide: the model has no latent sample site (every sample site is "
                 "observed), so there is no posterior to approximate."
             )
-        # q's layout, to compile the setup's steps early (_precompile_setup,
-        # _compile_oracle_early)
-        self._early_layout, self._early_params = _latent_layout(model_trace)
-        return None if self._early_layout is None else sum(
-            math.prod(shape) for shape in self._early_layout.values()
-        )
+        try:  # q's dimension, to compile the setup's steps early (_precompile_setup)
+            return sum(
+                math.prod(biject_to(model_trace[name]["fn"].support).inverse_shape(
+                    jnp.shape(model_trace[name]["value"])
+                ))
+                for name in latent
+            )
+        except Exception:  # noqa: BLE001 - only an early start
+            return None
 
     def _describe_bad_initial_point(self, args, kwargs):
         """Name the sites whose log probability is not finite at an initial point."""
@@ -1338,7 +1288,6 @@ class UHAGuide(AutoContinuous):
         # compiled functions do not pickle; they are rebuilt on first use
         state["_jitted_draws"] = {}
         state["_jitted_setup"] = {}
-        state.pop("_oracle_compiling", None)  # threads (see _compile_oracle_early)
         state["_auto_batch_size"] = None  # sized again for the device it is loaded on
         state["_start_data"] = None  # derived again from the setup arguments
         return state
@@ -1808,23 +1757,6 @@ class UHAGuide(AutoContinuous):
         # Every latent and deterministic site (all that sample_posterior returns), as
         # AutoNormal's median and quantiles do.
         return dict(samples)
-
-
-def _latent_layout(model_trace):
-    """``(layout, params)`` from a model trace (abstract or concrete): the unconstrained
-    shape of each continuous latent site in the trace's order (NumPyro's flat latent
-    layout, see :mod:`numpyro_uha._compiled_init`) and the model's ``numpyro.param``
-    values; ``(None, None)`` where a shape cannot be read."""
-    try:
-        layout = {
-            name: tuple(biject_to(site["fn"].support).inverse_shape(jnp.shape(site["value"])))
-            for name, site in model_trace.items()
-            if site["type"] == "sample" and not site["is_observed"]
-        }
-    except Exception:  # noqa: BLE001 - only an early start
-        return None, None
-    params = {name: site["value"] for name, site in model_trace.items() if site["type"] == "param"}
-    return layout, params
 
 
 def _marginal_std(scale):

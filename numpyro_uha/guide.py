@@ -75,7 +75,6 @@ from numpyro_uha.core.sharding import (
 )
 from numpyro_uha.core.warm_start import (
     HVP_ROWS,
-    RowsOracle,
     difference_oracle,
     max_curvature,
     oracle_log_weights,

@@ -176,8 +176,8 @@ class LocalDivergenceRecord(DivergenceRecord):
             f"UHALocalGuide: some data points' chains diverged during training (found "
             f"{where}): their log weight was not finite, or a leapfrog step's energy error "
             f"exceeded {DIVERGENCE_ENERGY:g} nats. Those chains were skipped (no gradient "
-            "from them) and training went on; they show as spikes in the losses. Occasional spikes are "
-            "harmless; frequent ones mean a step size too large for some data points' "
+            "from them) and training went on; they show as spikes in the losses. "
+            "Occasional spikes are harmless; frequent ones mean a step size too large for some data points' "
             "posteriors: use a smaller max_step_size or learning rate for the annealing "
             "parameters."
         )

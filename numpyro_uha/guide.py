@@ -64,6 +64,7 @@ from numpyro_uha.core import (
     gaussian_sample,
     step_sizes_from_beta,
 )
+from numpyro_uha.core.annealing import _start_noise
 from numpyro_uha.core.batching import batched_map
 from numpyro_uha.core.sharding import (
     gather,
@@ -671,7 +672,7 @@ class UHAGuide(AutoContinuous):
             oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params), compiled=False)
         else:
             program = self._program(self._oracle_impl, spec)
-            width = SETUP_ROWS if kind == "warm_start" else self._score_rows
+            width = self._setup_width(kind)
             if precompiling is not None and precompiling.is_alive():
                 # the model's one program, compiled now, beside the model-free steps'
                 # rehearsal (XLA releases the GIL while it compiles); the call below
@@ -701,6 +702,11 @@ class UHAGuide(AutoContinuous):
             oracle, rng_key, loc, scale, START_ELBO_DRAWS, self._score_rows
         )
         return log_weights, _curvature(oracle, loc, scale)
+
+    def _setup_width(self, kind) -> int:
+        """Rows of the setup's model program (:meth:`_oracle_impl`): the warm start's
+        value-and-gradient calls, or the scoring's."""
+        return SETUP_ROWS if kind == "warm_start" else self._score_rows
 
     @property
     def _score_rows(self) -> int:
@@ -739,7 +745,7 @@ class UHAGuide(AutoContinuous):
                 _scale_corr_inverse(scale, start["stability_scale"])
             return start, _q_draw(key, loc, scale, host=True)  # the setup call's draw
 
-        return precompile(signature, rehearsal, width=signature[-1] if kind == "score" else SETUP_ROWS)
+        return precompile(signature, rehearsal, width=self._setup_width(kind))
 
     def _full_rank(self, dim) -> bool:
         if self.requested_base_dist == "auto":
@@ -750,7 +756,8 @@ class UHAGuide(AutoContinuous):
         """The log density's value and gradient at rows ``zs`` (the setup's one model
         program; see :meth:`_run_setup`)."""
         args, kwargs = _merge_static(arrays, spec)
-        return rows_oracle(self._make_logdensity(args, kwargs, model_params), compiled=False).value_and_grad(zs)
+        logdensity_fn = self._make_logdensity(args, kwargs, model_params)
+        return rows_oracle(logdensity_fn, compiled=False).value_and_grad(zs)
 
     def _q_from_fitted(self, guide, params):
         """(loc, scale) of a fitted Gaussian AutoGuide, in this guide's latent layout."""
@@ -1781,8 +1788,7 @@ def _q_draw(rng_key, loc, scale):
     """A draw from q = N(loc, scale) and its log density: the setup call's (see
     ``UHAGuide._latent_and_model_params``), the chain's start for the same key (the
     stream :func:`~numpyro_uha.core.annealed_sample` starts from)."""
-    key_init = jax.random.split(rng_key, 4)[0]
-    z = gaussian_sample(jax.random.normal(key_init, loc.shape, loc.dtype), loc, scale)
+    z = gaussian_sample(_start_noise(rng_key, loc.shape[-1], loc.dtype), loc, scale)
     return z, gaussian_logpdf(z, loc, scale)
 
 

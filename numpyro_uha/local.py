@@ -735,11 +735,11 @@ class UHALocalGuide(AutoGuide):
         weight is not finite, or with a leapfrog step whose energy error exceeds
         ``DIVERGENCE_ENERGY`` nats (``_divergence.diverged``), has weight 0 in the limit
         while its gradient, through Jacobians grown exponentially along the trajectory,
-        can be 1e16 or NaN and would swamp Adam's moment estimates. Such a chain's end is replaced by its start
-        (stopped gradient, so the model scores a finite point), no gradient flows back
-        from it, and a gradient still not finite at the chain's inputs (NaN through the
-        leapfrog's own derivatives) is zeroed (``_divergence.gate``): that step is skipped
-        for the chains' parameters. The loss keeps the diverged chain's value, so it shows.
+        can be 1e16 or NaN and would swamp Adam's moment estimates. Such a chain's end is
+        replaced by its start (stopped gradient, so the model scores a finite point), no
+        gradient flows back from it, and a gradient still not finite at the chain's inputs
+        (NaN through the leapfrog's own derivatives) is zeroed (``_divergence.gate``): that
+        step is skipped for the chains' parameters. The loss keeps the diverged chain's value, so it shows.
         Returns ``diverged`` (per data point), ``None`` without ``skip_diverged``.
         """
         args, kwargs = _merge_static(arrays, spec)

@@ -66,12 +66,18 @@ def _record_keys(monkeypatch):
     return shapes
 
 
-def test_one_key_is_searched_as_a_batch_of_one_with_the_same_result(monkeypatch):
-    key = jax.random.PRNGKey(3)
-    want = _init(zeta_model, key)
+def _plain_and_routed(monkeypatch, model_fn, key):
+    """NumPyro's initialization of ``model_fn`` without and with the block, and the key
+    shapes NumPyro's function saw in the routed one."""
+    want = _init(model_fn, key)
     shapes = _record_keys(monkeypatch)
     with compiled_initialization():
-        got = _init(zeta_model, key)
+        got = _init(model_fn, key)
+    return want, got, shapes
+
+
+def test_one_key_is_searched_as_a_batch_of_one_with_the_same_result(monkeypatch):
+    want, got, shapes = _plain_and_routed(monkeypatch, zeta_model, jax.random.PRNGKey(3))
     assert shapes == [(1, 2)]  # NumPyro's batched (compiled) path
     assert list(got.z) == list(want.z) == ["zeta", "alpha"]  # the model's order
     assert list(got.z_grad) == list(want.z_grad)
@@ -83,11 +89,7 @@ def test_one_key_is_searched_as_a_batch_of_one_with_the_same_result(monkeypatch)
 
 
 def test_an_untraceable_model_falls_back_to_the_single_key_path(monkeypatch):
-    key = jax.random.PRNGKey(0)
-    want = _init(branching_model, key)
-    shapes = _record_keys(monkeypatch)
-    with compiled_initialization():
-        got = _init(branching_model, key)
+    want, got, shapes = _plain_and_routed(monkeypatch, branching_model, jax.random.PRNGKey(0))
     assert shapes == [(1, 2), (2,)]  # tried batched, then the single-key path
     np.testing.assert_array_equal(got.z["x"], want.z["x"])
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import optax
@@ -64,7 +65,8 @@ steps = sorted({
     name for module in (warm_start_module, guide_module)
     for name, fn in vars(module).items() if getattr(fn, "small_jit", False)
 })
-print("RESULT", json.dumps({"compiled": compiled, "later": later, "steps": steps, "base": guide.base_dist}))
+result = {"compiled": compiled, "later": later, "steps": steps, "base": guide.base_dist}
+print("RESULT", json.dumps(result))
 """
 
 
@@ -157,3 +159,21 @@ def test_the_concrete_draw_has_no_host_callback_and_a_training_step_has(monkeypa
     assert traced == [], "a concrete draw traced a host callback"
     jax.jit(svi.update).lower(state, X, y)
     assert traced, "the training step no longer records divergences on the host"
+
+
+@pytest.mark.parametrize("full_rank", [False, True], ids=["diagonal", "cholesky"])
+def test_the_setup_call_draw_is_the_chain_start_for_its_key(full_rank):
+    """``svi.init``'s draw (``_q_draw``) is the start of the chain the same key runs,
+    with its log q: the two share the start's random stream."""
+    from numpyro_uha.core import annealed_sample, make_params
+
+    loc = jnp.asarray([0.5, -1.0, 2.0])
+    scale = jnp.asarray([[1.0, 0.0, 0.0], [0.3, 0.5, 0.0], [0.1, 0.2, 2.0]]) if full_rank else (
+        jnp.asarray([1.0, 0.5, 2.0])
+    )
+    params = make_params(loc, scale, num_transitions=3, step_size=0.1)
+    key = jax.random.PRNGKey(7)
+    z, log_q = guide_module._q_draw(key, loc, scale, host=True)
+    _, _, info = annealed_sample(key, lambda x: -0.5 * jnp.sum(x**2), params)
+    np.testing.assert_array_equal(z, info.initial_position)
+    np.testing.assert_allclose(log_q, info.log_q_initial, rtol=1e-6)

@@ -304,11 +304,17 @@ def _rows_info(info):
 
 def _forward_noise(rng_key, dim, num_transitions, dtype):
     """Every random number of one forward chain, from its key (the streams never change)."""
-    key_init, key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 4)
+    _, key_momentum, key_refresh, key_accept = jax.random.split(rng_key, 4)
     return (
-        jax.random.normal(key_init, (dim,), dtype),
+        _start_noise(rng_key, dim, dtype),
         *_transition_noise(key_momentum, key_refresh, key_accept, dim, num_transitions, dtype),
     )
+
+
+def _start_noise(rng_key, dim, dtype):
+    """The noise of a chain's start z₁ = loc + scale · noise, from the chain's key (the
+    first of its four streams)."""
+    return jax.random.normal(jax.random.split(rng_key, 4)[0], (dim,), dtype)
 
 
 def _transition_noise(key_momentum, key_refresh, key_accept, dim, num_transitions, dtype):

@@ -775,7 +775,8 @@ def precompile(
     once per process. ``width``: the stand-in is a :func:`difference_oracle` of that
     many rows, as the real setup's (else exact products). Returns the started thread
     (``join`` it before the real calls, so that the two do not compile the same steps at
-    once), or ``None`` when already rehearsed. Failures in the thread are ignored: the real call compiles what is left.
+    once), or ``None`` when already rehearsed. Failures in the thread are ignored: the
+    real call compiles what is left.
     """
     with _COMPILE_LOCK:
         if signature in _REHEARSED:

@@ -460,11 +460,18 @@ class UHALocalGuide(AutoGuide):
     def _learnable(self, short):
         return not any(short in GROUPS[g] for g in self.frozen)
 
-    def _param(self, short, init, constraint, event_dim=None):
-        value = numpyro.param(
-            f"{self.prefix}_{short}", init, constraint=constraint, event_dim=event_dim
-        )
+    def _param(self, short, init, constraint):
+        value = numpyro.param(f"{self.prefix}_{short}", init, constraint=constraint)
         return value if self._learnable(short) else jax.lax.stop_gradient(value)
+
+    def _row_param(self, short, init, constraint, idx):
+        """A per-data-point parameter, shape ``(N, ...)``, and its minibatch rows ``idx``.
+
+        Indexed here rather than by the plate (``event_dim``), which can subsample a
+        parameter only when its data axis lines up with the plate's ``dim``: rows are
+        always the leading axis here, wherever the model's plate sits.
+        """
+        return jnp.take(self._param(short, init, constraint), idx, axis=0)
 
     # ------------------------------------------------------------- packing
     def _pack(self, unconstrained):
@@ -631,12 +638,12 @@ class UHALocalGuide(AutoGuide):
         subsample_size = idx.shape[0]
         d = self.latent_dim
         if self.encoder is None:
-            loc = self._param(
-                "loc", jnp.broadcast_to(self._init_loc_row, (size, d)), constraints.real, 1
+            loc = self._row_param(
+                "loc", jnp.broadcast_to(self._init_loc_row, (size, d)), constraints.real, idx
             )
-            scale = self._param(
+            scale = self._row_param(
                 "scale", jnp.full((size, d), self.init_scale, self._init_loc_row.dtype),
-                constraints.softplus_positive, 1,
+                constraints.softplus_positive, idx,
             )
             return loc, scale
         inputs = self._encoder_input(args, kwargs, global_values, model_params, idx)
@@ -687,12 +694,12 @@ class UHALocalGuide(AutoGuide):
                 "UHALocalGuide needs a random key: run it under numpyro.handlers.seed (SVI, "
                 "Predictive and sample_posterior do this for you)."
             )
-        with numpyro.plate(plate_name, size, subsample_size=subsample_size) as idx:
+        with numpyro.plate(
+            plate_name, size, subsample_size=subsample_size, dim=self._plate_dim
+        ) as idx:
             if self.per_data_point:
                 values = {
-                    s: self._param(
-                        s, jnp.broadcast_to(v, (size,) + v.shape), specs[s], jnp.ndim(v)
-                    )
+                    s: self._row_param(s, jnp.broadcast_to(v, (size,) + v.shape), specs[s], idx)
                     for s, v in self._init_values.items()
                 }
             loc, scale = self._q(args, kwargs, global_values, model_params, idx, size)
@@ -716,6 +723,8 @@ class UHALocalGuide(AutoGuide):
                 factor = jnp.where(diverged, jax.lax.stop_gradient(factor), factor)
                 # the latch's loss gradient is (N/B) × the number of diverged chains
                 factor = factor + latch * diverged.astype(factor.dtype)
+            # the data points along the plate's dim, as the model's sites have them
+            factor = jnp.reshape(factor, (subsample_size,) + (1,) * (-self._plate_dim - 1))
             numpyro.factor(f"_{self.prefix}_uha_factor", factor)
             for n in self._local_sites:
                 event_dim = self.prototype_trace[n]["fn"].event_dim

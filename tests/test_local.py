@@ -271,6 +271,62 @@ def test_per_data_point_parameters():
     # only the minibatch's entries move at a step
     moved = np.asarray(svi.get_params(state)["local_step_size"] != before["local_step_size"])
     assert moved.sum() == 6
+    # and those are the minibatch's data points: the loss's gradient, with the plate's
+    # indices fixed, is non-zero exactly at them (for q's and the annealing parameters)
+    idx = jnp.asarray([17, 2, 9, 23, 0, 11])
+    fixed = lambda fn: handlers.substitute(fn, data={"data": idx})  # noqa: E731
+    unconstrained = svi.optim.get_params(state.optim_state)
+    grads = jax.grad(
+        lambda p: Trace_ELBO().loss(
+            jax.random.PRNGKey(1), p, fixed(conjugate_model), fixed(guide), X, N, 6
+        )
+    )(svi.constrain_fn(unconstrained))
+    for name in ("local_step_size", "local_damping", "local_loc", "local_scale"):
+        nonzero = np.flatnonzero(np.any(np.reshape(grads[name], (N, -1)) != 0, axis=1))
+        np.testing.assert_array_equal(nonzero, np.sort(idx), err_msg=name)
+
+
+def _features_model(dim):
+    """z_i ~ N(mu, 1), four features y_ij ~ N(z_i, 1), the data plate at ``dim``."""
+    inner = -1 if dim == -2 else None
+
+    def model(y, batch):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=batch, dim=dim):
+            rows = numpyro.subsample(y, event_dim=0 if inner else 1)
+            z = numpyro.sample("z", dist.Normal(mu, 1.0))
+            if inner:
+                with numpyro.plate("features", y.shape[1], dim=inner):
+                    numpyro.sample("y", dist.Normal(z, 1.0), obs=rows)
+            else:
+                numpyro.sample("y", dist.Normal(z[..., None], 1.0).to_event(1), obs=rows)
+
+    return model
+
+
+@pytest.mark.parametrize("per_data_point", [False, True])
+def test_a_data_plate_at_dim_minus_two_fits_as_at_dim_minus_one(per_data_point):
+    """The same model written with the data plate at dim=-2 (and a feature plate at -1)
+    and at dim=-1: same parameters, losses and draws (z with the model's shapes)."""
+    y = jnp.asarray(np.random.default_rng(3).normal(size=(20, 4)) + 1.0)
+    results = []
+    for dim in (-1, -2):
+        model = _features_model(dim)
+        guide = UHALocalGuide(model, K=3, per_data_point=per_data_point)
+        svi = SVI(model, guide, optax.adam(1e-2), Trace_ELBO())
+        run = svi.run(jax.random.PRNGKey(0), 20, y, 5, progress_bar=False)
+        draws = guide.sample_posterior(
+            jax.random.PRNGKey(1), run.params, y, 5, sample_shape=(3,),
+            subsample_idx=jnp.arange(2, 7),
+        )
+        results.append((run, draws))
+    (run1, draws1), (run2, draws2) = results
+    assert draws2["z"].shape == (3, 5, 1) and draws1["z"].shape == (3, 5)
+    np.testing.assert_allclose(run2.losses, run1.losses, rtol=1e-5)
+    for name, value in run1.params.items():
+        np.testing.assert_allclose(run2.params[name], value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(draws2["z"][..., 0], draws1["z"], rtol=1e-5, atol=1e-6)
+    assert np.isfinite(np.asarray(run2.losses)).all()
 
 
 def two_plates(x):

@@ -542,7 +542,7 @@ class UHALocalGuide(AutoGuide):
         ``subsample_idx`` (default: all, when the model does not subsample)."""
         self._require_setup()
         size, subsample_size = self._sizes(args, kwargs)
-        idx = self._subsample(subsample_idx, size, subsample_size)
+        idx = self._subsample(subsample_idx, size, subsample_size, args, kwargs)
         return self._rows_logdensity(
             args, kwargs, self._check_globals(global_values), self._model_params_in(params), idx,
             size,
@@ -553,7 +553,7 @@ class UHALocalGuide(AutoGuide):
         parameters or the encoder) of the data points ``subsample_idx``: what
         ``core.uha_sample_rows`` runs on with :meth:`get_logdensity_fn`."""
         self._require_setup()
-        idx = self._subsample(subsample_idx, *self._sizes(args, kwargs))
+        idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
 
         def body(*args, **kwargs):
             return self._body(args, kwargs, annealing_only=True)
@@ -576,14 +576,18 @@ class UHALocalGuide(AutoGuide):
             )
         return global_values
 
-    def _subsample(self, subsample_idx, size, subsample_size):
+    def _subsample(self, subsample_idx, size, subsample_size, args=None, kwargs=None):
         plate_name = self._plate_name
         if subsample_idx is None:
             if subsample_size != size:
+                if args is not None and self._indices_unused(args, kwargs, size, subsample_size):
+                    return jnp.arange(subsample_size)
                 raise ValueError(
                     f"UHALocalGuide: the plate '{plate_name}' subsamples {subsample_size} of "
                     f"{size} data points; pass subsample_idx= (an integer array of length "
-                    f"{subsample_size}) to say which."
+                    f"{subsample_size}) to say which. (Only an amortized guide, with an "
+                    "encoder and shared annealing parameters, on a model that is passed "
+                    "its minibatch rather than indexing its data with the plate, needs none.)"
                 )
             return jnp.arange(size)
         idx = jnp.asarray(subsample_idx)
@@ -593,6 +597,48 @@ class UHALocalGuide(AutoGuide):
                 f"({subsample_size},), got {idx.dtype} {idx.shape}."
             )
         return idx
+
+    def _indices_unused(self, args, kwargs, size, subsample_size):
+        """Whether the plate's indices change nothing for these arguments: an encoder
+        (no per-data-point q) with shared annealing parameters, and a model whose sites
+        all have the same values and log densities under two different index sets (a
+        model passed its minibatch, as VAEs are written). Then a draw needs no
+        ``subsample_idx``."""
+        if self.encoder is None or self.per_data_point:
+            return False
+        # decided on concrete values, also under an outer jit; arguments traced there
+        # (the minibatch itself an argument of the jitted function) cannot decide it
+        try:
+            with jax.ensure_compile_time_eval():
+                return self._same_traces(args, kwargs, size, subsample_size)
+        except jax.errors.ConcretizationTypeError:
+            return False
+
+    def _same_traces(self, args, kwargs, size, subsample_size):
+        first = jnp.arange(subsample_size)
+        other = jnp.arange(size - subsample_size, size)[::-1]
+        traces = []
+        for idx in (first, other):
+            with handlers.block():
+                traces.append(
+                    handlers.trace(
+                        handlers.seed(
+                            handlers.substitute(self.model, data={self._plate_name: idx}), 0
+                        )
+                    ).get_trace(*args, **kwargs)
+                )
+        for name, site in traces[0].items():
+            if site["type"] != "sample":
+                continue
+            twin = traces[1].get(name)
+            if twin is None:
+                return False
+            pairs = [(site["value"], twin["value"]),
+                     (site["fn"].log_prob(site["value"]), twin["fn"].log_prob(twin["value"]))]
+            for a, b in pairs:
+                if jnp.shape(a) != jnp.shape(b) or not bool(jnp.array_equal(a, b)):
+                    return False
+        return True
 
     def _require_setup(self):
         if self.prototype_trace is None:
@@ -799,7 +845,10 @@ class UHALocalGuide(AutoGuide):
 
         Each draw runs the global guide and every data point's chain afresh. Without a
         subsampled plate (``subsample_size`` equal to the plate's size) ``subsample_idx``
-        may be left out: all data points.
+        may be left out: all data points. It may also be left out for an amortized guide
+        (an encoder, shared annealing parameters) on a model passed its minibatch, as
+        VAEs are written: the plate's indices then change nothing, which is checked on
+        the arguments (it cannot be where they are traced, inside a jitted function).
         """
         draws, _ = self._draws(rng_key, params, args, kwargs, sample_shape, subsample_idx)
         return draws
@@ -862,7 +911,7 @@ class UHALocalGuide(AutoGuide):
 
     def _draws(self, rng_key, params, args, kwargs, sample_shape, subsample_idx, corrected=False):
         self._require_setup()
-        idx = self._subsample(subsample_idx, *self._sizes(args, kwargs))
+        idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
         sample_shape = tuple(sample_shape)
         num = max(int(np.prod(sample_shape, dtype=int)), 1)
         arrays, spec = _split_static((args, kwargs))

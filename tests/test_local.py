@@ -259,6 +259,37 @@ def test_sample_posterior_and_predictive():
     assert full["z"].shape == (N,)
 
 
+def batch_model(x_batch, num_data):
+    """A VAE-shaped model: passed its minibatch, the plate sized by the data set."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", num_data, subsample_size=x_batch.shape[0]):
+        z = numpyro.sample("z", dist.Normal(mu, 1.0))
+        numpyro.sample("x", dist.Normal(z, SIGMA), obs=x_batch)
+
+
+def test_an_amortized_guide_on_a_minibatch_model_draws_without_subsample_idx():
+    """Encoder + shared parameters + a model passed its minibatch: the plate's indices
+    change nothing, so draws need no subsample_idx (and equal those with any indices).
+    A model that indexes its data with the plate still needs them."""
+    batch = 6
+    guide = UHALocalGuide(batch_model, K=3, encoder=_encoder)
+    svi = SVI(batch_model, guide, optax.adam(1e-2), Trace_ELBO())
+    params = svi.run(jax.random.PRNGKey(0), 3, X[:batch], N, progress_bar=False).params
+    key = jax.random.PRNGKey(1)
+    plain = guide.sample_posterior(key, params, X[:batch], N, sample_shape=(4,))
+    given = guide.sample_posterior(
+        key, params, X[:batch], N, sample_shape=(4,), subsample_idx=jnp.arange(10, 16)
+    )
+    assert plain["z"].shape == (4, batch)
+    np.testing.assert_array_equal(plain["z"], given["z"])
+    assert guide.log_weights(key, params, X[:batch], N, num_samples=3).shape == (3, batch)
+    indexing = UHALocalGuide(conjugate_model, K=3, encoder=_encoder)
+    svi = SVI(conjugate_model, indexing, optax.adam(1e-2), Trace_ELBO())
+    params = svi.run(jax.random.PRNGKey(0), 3, X, N, batch, progress_bar=False).params
+    with pytest.raises(ValueError, match=r"pass subsample_idx="):
+        indexing.sample_posterior(key, params, X, N, batch, sample_shape=(4,))
+
+
 def test_per_data_point_parameters():
     guide = UHALocalGuide(conjugate_model, K=3, per_data_point=True)
     svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())

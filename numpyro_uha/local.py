@@ -769,6 +769,10 @@ class UHALocalGuide(AutoGuide):
                 factor = jnp.where(diverged, jax.lax.stop_gradient(factor), factor)
                 # the latch's loss gradient is (N/B) × the number of diverged chains
                 factor = factor + latch * diverged.astype(factor.dtype)
+                # a diverged chain's leapfrog step backs off (value 0, loss gradient +1 in
+                # its log per-coordinate step): otherwise, with no gradient from it,
+                # per-data-point parameters that drifted to a diverging step stay there
+                factor = factor + _step_backoff(values) * diverged.astype(factor.dtype)
             # the data points along the plate's dim, as the model's sites have them
             factor = jnp.reshape(factor, (subsample_size,) + (1,) * (-self._plate_dim - 1))
             numpyro.factor(f"_{self.prefix}_uha_factor", factor)
@@ -948,6 +952,21 @@ class UHALocalGuide(AutoGuide):
         state = dict(self.__dict__)
         state["_jitted"] = {}  # compiled programs do not pickle; rebuilt on first use
         return state
+
+
+def _step_backoff(values):
+    """Zero, with gradient 1 in log ε + mean_j log(δ_j / m_j), the log of the chain's
+    typical per-coordinate leapfrog step (shape ``()`` shared, ``(B,)`` per data point).
+
+    Added to a diverged chain's term of the loss, it lowers that step at the next
+    optimizer step; a chain that did not diverge gets nothing.
+    """
+    log_step = (
+        jnp.log(values["step_size"])
+        + jnp.mean(jnp.log(values["drift_scale"]), axis=-1)
+        - jnp.mean(jnp.log(values["momentum_scale"]), axis=-1)
+    )
+    return log_step - jax.lax.stop_gradient(log_step)
 
 
 def _with_axis(shape, axis, size):

@@ -489,6 +489,21 @@ def _narrow_setup(s0):
     return guide, svi, state, args
 
 
+def _step_backoff_removed(guide):
+    """The guide as it would be without the back-off term (for comparing loss values)."""
+    import numpyro_uha.local as local_module
+
+    def run(*args, **kwargs):
+        original = local_module._step_backoff
+        local_module._step_backoff = lambda values: 0.0
+        try:
+            return guide(*args, **kwargs)
+        finally:
+            local_module._step_backoff = original
+
+    return run
+
+
 def test_a_diverged_chain_gives_no_gradient_and_its_loss_shows():
     """Data point 0's chain diverges (ε = 0.02 against a posterior sd of 0.002: energy
     errors of 1e15 nats, finite): its gradient, 1e16 and more, is skipped; the training
@@ -512,10 +527,33 @@ def test_a_diverged_chain_gives_no_gradient_and_its_loss_shows():
     # the latch's loss gradient: (N/B) × the number of diverged chains (1, N = B)
     assert float(grads.pop("local_diverged")) == 1.0
     assert float(masked.pop("local_diverged")) == 0.0
+    # and the back-off: gradient 1 in the diverged chain's log per-coordinate step
+    # log ε + mean_j log(δ_j / m_j), nothing else (shared parameters; N = B)
+    d = params["local_drift_scale"].shape[-1]
+    backoff = {
+        "local_step_size": 1.0 / params["local_step_size"],
+        "local_drift_scale": 1.0 / (d * params["local_drift_scale"]),
+        "local_momentum_scale": -1.0 / (d * params["local_momentum_scale"]),
+    }
     for name in grads:
         assert np.all(np.isfinite(np.asarray(grads[name]))), name
-        np.testing.assert_allclose(grads[name], masked[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        expected = masked[name] + backoff.get(name, 0.0)
+        np.testing.assert_allclose(grads[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
     assert float(loss(params, _narrow_model, guide)) > 1e6  # the divergence is not hidden
+    # chains that did not diverge get no back-off: with data point 0 masked out, the
+    # gradient is that of the guide without it
+    no_backoff = _step_backoff_removed(guide)
+    masked_plain = jax.grad(loss)(
+        params, handlers.mask(_narrow_model, mask=keep), handlers.mask(no_backoff, mask=keep)
+    )
+    masked_plain.pop("local_diverged")
+    for name in masked:
+        np.testing.assert_allclose(masked[name], masked_plain[name], rtol=1e-6, err_msg=name)
+    # the back-off adds nothing to the loss's value
+    np.testing.assert_allclose(
+        float(loss(params, _narrow_model, guide)), float(loss(params, _narrow_model, no_backoff)),
+        rtol=1e-6,
+    )
     # and the latch reports it where the parameters are concrete
     state, _ = jax.jit(lambda state: svi.update(state, *args))(state)
     with pytest.warns(UHADivergenceWarning, match="UHALocalGuide: some data points' chains"):
@@ -533,7 +571,8 @@ def test_training_without_divergences_leaves_the_latch_at_zero():
 
 def test_a_nonfinite_chain_skips_the_step_and_training_goes_on():
     """Data point 0's chain overflows (NaN through the leapfrog's derivatives): the
-    chains' parameters skip that step (zero gradient) instead of turning NaN."""
+    chains' parameters skip that step (zero gradient) instead of turning NaN, but for
+    the back-off, which lowers the leapfrog step (ε, δ down, Σ up)."""
     guide, svi, state, args = _narrow_setup(1e-7)
     params = svi.get_params(state)
     log_w = guide.log_weights(
@@ -546,6 +585,43 @@ def test_a_nonfinite_chain_skips_the_step_and_training_goes_on():
     with pytest.warns(UHADivergenceWarning):
         after = svi.get_params(state)
     assert float(after.pop("local_diverged")) != 0.0  # the latch moved
+    lowered = {"local_step_size": -1, "local_drift_scale": -1, "local_momentum_scale": 1}
     for name, value in after.items():
         assert np.all(np.isfinite(np.asarray(value))), name
-        np.testing.assert_array_equal(value, params[name], err_msg=name)  # skipped
+        if name in lowered:  # backed off, every coordinate
+            moved = np.sign(np.asarray(value) - np.asarray(params[name]))
+            assert np.all(moved == lowered[name]), name
+        else:
+            np.testing.assert_array_equal(value, params[name], err_msg=name)  # skipped
+
+
+def test_a_data_point_whose_own_step_diverges_backs_off_and_recovers():
+    """Per-data-point parameters: data point 0's posterior sd is 0.005 and its leapfrog
+    step 0.02, over the stability limit 2 × 0.005, so its chain diverges and gives no
+    gradient. The back-off lowers its own step until the chain runs; then it trains
+    (without the back-off it would stay diverged: no gradient ever reaches it)."""
+    n = 8
+    x = jnp.asarray(np.random.default_rng(0).normal(size=n))
+    s = jnp.full(n, 0.5).at[0].set(5e-3)
+    args = (x, s, n, n)
+    guide = UHALocalGuide(_narrow_model, K=4, per_data_point=True)
+    svi = SVI(_narrow_model, guide, optax.adam(5e-2), Trace_ELBO())
+    state = svi.init(jax.random.PRNGKey(0), *args)
+    key = jax.random.PRNGKey(1)
+    idx = jnp.arange(n)
+    start = svi.get_params(state)
+    log_w = guide.log_weights(key, start, *args, num_samples=8, subsample_idx=idx)
+    assert np.all(np.asarray(log_w[:, 0]) < -1e4)  # the set-up: it diverges
+    update = jax.jit(lambda state: svi.update(state, *args))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UHADivergenceWarning)
+        for _ in range(100):
+            state, _ = update(state)
+        params = svi.get_params(state)
+    log_w = np.asarray(guide.log_weights(key, params, *args, num_samples=64, subsample_idx=idx))
+    assert np.all(np.isfinite(log_w)) and log_w[:, 0].mean() > -20
+    # its own per-coordinate step came under the stability limit, and q_0 narrowed
+    step = params["local_step_size"][0] * params["local_drift_scale"][0, 0] / params[
+        "local_momentum_scale"][0, 0]
+    assert float(step) < 2 * 5e-3
+    assert float(params["local_scale"][0, 0]) < 0.5 * float(start["local_scale"][0, 0])

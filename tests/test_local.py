@@ -401,6 +401,23 @@ def test_clear_errors(model, message):
         handlers.seed(guide, 0)(None)
 
 
+@pytest.mark.parametrize("form", ["class", "instance", "factory"])
+def test_a_uha_global_guide_is_refused_with_the_reason(form):
+    """A UHAGuide for the globals would anneal to their prior (the likelihood is in the
+    hidden sites): refused, as a class, an instance or a factory's output."""
+    from numpyro_uha import UHAGuide
+
+    hidden = handlers.block(conjugate_model, hide=["z", "x"])
+    choice = {
+        "class": UHAGuide,
+        "instance": UHAGuide(hidden, K=2),
+        "factory": lambda model: UHAGuide(model, K=2),
+    }[form]
+    with pytest.raises(TypeError, match=r"global_guide=UHAGuide .*anneal to the global latents' prior"):
+        guide = UHALocalGuide(conjugate_model, K=2, global_guide=choice)
+        handlers.seed(guide, 0)(X, N, 6)
+
+
 def test_encoder_shape_error_names_the_shapes():
     def bad_encoder(x):
         return jnp.zeros((x.shape[0], 3)), jnp.ones((x.shape[0], 3))

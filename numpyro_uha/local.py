@@ -719,7 +719,10 @@ class UHALocalGuide(AutoGuide):
             )
         return loc, scale
 
-    def _body(self, args, kwargs, corrected=False, annealing_only=False, skip_diverged=False):
+    def _body(
+        self, args, kwargs, corrected=False, annealing_only=False, skip_diverged=False,
+        fixed_globals=None,
+    ):
         """The guide: global guide, then every data point's chain inside the plate.
 
         Returns the latent values (constrained, by site name) and the rows' log weights.
@@ -728,7 +731,10 @@ class UHALocalGuide(AutoGuide):
         """
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
-        global_values = self.global_guide(*args, **kwargs) if self.global_guide else {}
+        if fixed_globals is not None:  # the chains given these globals (log p(x_i | θ))
+            global_values = dict(fixed_globals)
+        else:
+            global_values = self.global_guide(*args, **kwargs) if self.global_guide else {}
         global_values = {n: global_values[n] for n in self._global_latents}
         model_params = {
             n: numpyro.param(n, s["value"], **s["kwargs"])
@@ -875,19 +881,22 @@ class UHALocalGuide(AutoGuide):
 
     def log_weights(
         self, rng_key, params, *args, num_samples=1000, subsample_idx=None, corrected=False,
-        **kwargs,
+        global_values=None, **kwargs,
     ):
         """Per-draw, per-data-point log weights ``(num_samples, B)`` (UHA, or Hamiltonian
-        AIS with ``corrected=True``), each data point's chain given the draw's globals."""
+        AIS with ``corrected=True``), each data point's chain given the draw's globals,
+        or given ``global_values`` (constrained values of every global latent site, by
+        name) where passed: then E[w_i] = p(x_i | globals)."""
         _check_int("num_samples", num_samples, 1)
         _, log_w = self._draws(
-            rng_key, params, args, kwargs, (num_samples,), subsample_idx, corrected=corrected
+            rng_key, params, args, kwargs, (num_samples,), subsample_idx, corrected=corrected,
+            fixed_globals=None if global_values is None else self._check_globals(global_values),
         )
         return log_w
 
     def log_z(
         self, rng_key, params, *args, num_samples=1000, subsample_idx=None, corrected=False,
-        **kwargs,
+        global_values=None, **kwargs,
     ) -> LocalLogZ:
         """log p(x_i) per data point and summed, with standard errors (:class:`LocalLogZ`).
 
@@ -896,20 +905,22 @@ class UHALocalGuide(AutoGuide):
         parameter value: a consistent, lower-biased estimate of log p(x_i)), as
         :func:`~numpyro_uha.evaluation.log_z_from_weights` computes them (a diverged draw
         is a zero weight, counted). With ``corrected=True`` the chains are Hamiltonian AIS.
-        For models without global latents (a VAE's test log-likelihood); with global
-        latents p(x_i | globals) depends on them and this raises.
+        For models without global latents (a VAE's test log-likelihood) this is
+        log p(x_i); with global latents it is log p(x_i | globals) at the
+        ``global_values`` passed (constrained, every global site by name; required).
         """
         from numpyro_uha.evaluation.logz import log_z_from_weights
 
-        if self._global_latents:
+        if self._global_latents and global_values is None:
             raise ValueError(
                 "UHALocalGuide.log_z: the model has global latent sites "
-                f"{self._global_latents}; per-data-point log Z is log p(x_i | globals). "
-                "Use log_weights(...) and fix the globals with numpyro.handlers.condition."
+                f"{self._global_latents}; per-data-point log Z is log p(x_i | globals): "
+                "pass global_values={site: value} (e.g. posterior means from "
+                "sample_posterior) to fix them."
             )
         log_w = self.log_weights(
             rng_key, params, *args, num_samples=num_samples, subsample_idx=subsample_idx,
-            corrected=corrected, **kwargs,
+            corrected=corrected, global_values=global_values, **kwargs,
         )
         log_w = np.asarray(log_w, np.float64)
         per_point = [log_z_from_weights(log_w[:, i], self.K) for i in range(log_w.shape[1])]
@@ -929,7 +940,10 @@ class UHALocalGuide(AutoGuide):
             num_samples=int(log_w.shape[0]),
         )
 
-    def _draws(self, rng_key, params, args, kwargs, sample_shape, subsample_idx, corrected=False):
+    def _draws(
+        self, rng_key, params, args, kwargs, sample_shape, subsample_idx, corrected=False,
+        fixed_globals=None,
+    ):
         self._require_setup()
         idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
         sample_shape = tuple(sample_shape)
@@ -939,7 +953,7 @@ class UHALocalGuide(AutoGuide):
         draws, log_w = _jit_once(
             self._jitted, self._draws_impl, spec, num=num, corrected=corrected,
             rows=idx.shape[0],
-        )(rng_key, params, idx, arrays)
+        )(rng_key, params, idx, arrays, fixed_globals)
         if not sample_shape:
             return jax.tree.map(lambda x: x[0], draws), log_w[0]
         return (
@@ -947,11 +961,13 @@ class UHALocalGuide(AutoGuide):
             jnp.reshape(log_w, sample_shape + log_w.shape[1:]),
         )
 
-    def _draws_impl(self, rng_key, params, idx, arrays, *, spec, num, corrected, rows):
+    def _draws_impl(
+        self, rng_key, params, idx, arrays, fixed_globals, *, spec, num, corrected, rows
+    ):
         args, kwargs = _merge_static(arrays, spec)
 
         def body(*args, **kwargs):
-            return self._body(args, kwargs, corrected=corrected)
+            return self._body(args, kwargs, corrected=corrected, fixed_globals=fixed_globals)
 
         def one(key):
             with handlers.block():

@@ -211,6 +211,37 @@ def _encoder(x):
     return h[:, :1], jax.nn.softplus(h[:, 1:]) + 0.1
 
 
+def test_log_z_given_global_values_is_that_of_the_model_conditioned_on_them():
+    """With global latents, log_weights/log_z at global_values= run the chains of
+    log p(x_i, z_i | mu): the same weights as the guide of the model conditioned on mu,
+    key for key, and log_z within its standard errors of the exact log p(x_i | mu)."""
+    mu, batch = 0.4, 8
+    conditioned = handlers.condition(conjugate_model, {"mu": mu})
+    plain_guide = UHALocalGuide(conditioned, K=4)
+    params = perturbed_params(conditioned, plain_guide, 0, X, N, batch)
+    guide = UHALocalGuide(conjugate_model, K=4)
+    SVI(conjugate_model, guide, optax.adam(1e-3), Trace_ELBO()).init(
+        jax.random.PRNGKey(0), X, N, batch
+    )
+    idx = jnp.arange(5, 13)
+    key = jax.random.PRNGKey(3)
+    expected = plain_guide.log_weights(key, params, X, N, batch, num_samples=400, subsample_idx=idx)
+    given = guide.log_weights(
+        key, params, X, N, batch, num_samples=400, subsample_idx=idx, global_values={"mu": mu}
+    )
+    np.testing.assert_allclose(given, expected, rtol=1e-6, atol=1e-5)
+    result = guide.log_z(
+        key, params, X, N, batch, num_samples=400, subsample_idx=idx, global_values={"mu": mu}
+    )
+    exact = np.asarray(exact_log_marginal(X[idx], mu))
+    assert np.all(np.abs(result.log_z - exact) < 4 * result.se + 1e-3)
+    np.testing.assert_allclose(result.total, exact.sum(), atol=4 * result.total_se)
+    with pytest.raises(ValueError, match=r"pass global_values="):
+        guide.log_z(key, params, X, N, batch, num_samples=4, subsample_idx=idx)
+    with pytest.raises(ValueError, match=r"lacks the global latent site\(s\) \['mu'\]"):
+        guide.log_z(key, params, X, N, batch, num_samples=4, subsample_idx=idx, global_values={})
+
+
 def test_gradients_reach_the_encoder_and_svi_trains():
     batch = 8
     guide = UHALocalGuide(conjugate_model, K=4, encoder=_encoder)

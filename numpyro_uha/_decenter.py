@@ -20,6 +20,8 @@ can fit.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
@@ -42,6 +44,9 @@ LOC_SCALE_FAMILIES = {
 SUFFIX = "_decentered"
 #: key of the standardized site's ``infer`` dict holding log scale (elementwise)
 LOG_SCALE = "uha_decentering_log_scale"
+#: key of the standardized site's ``infer`` dict holding (loc, scale, distribution) of
+#: the site as the model writes it (for :func:`decentered_init`)
+WRITTEN = "uha_decentering_written"
 
 
 class Decenter(Reparam):
@@ -60,7 +65,10 @@ class Decenter(Reparam):
             expand_shape, event_dim,
         )
         log_scale = jnp.broadcast_to(jnp.log(base.scale), shape)
-        noise = numpyro.sample(name + SUFFIX, standard, infer={LOG_SCALE: log_scale})
+        noise = numpyro.sample(
+            name + SUFFIX, standard,
+            infer={LOG_SCALE: log_scale, WRITTEN: (base.loc, base.scale, fn)},
+        )
         return None, base.loc + base.scale * noise
 
 
@@ -111,6 +119,34 @@ def find_decenterable(model, args, kwargs) -> list[str]:
     return names
 
 
+def decentered_init(init_loc_fn):
+    """``init_loc_fn`` for the non-centered model, at the point it gives the model as
+    written: ``x̃ = (x₀ − loc) / scale`` with ``x₀`` what ``init_loc_fn`` gives the site
+    ``x`` itself (``init_to_value`` keyed by ``x`` included). A ``functools.partial`` of
+    a module function, as NumPyro's ``init_to_*`` strategies are, so a guide holding it
+    pickles.
+
+    Drawn directly in the standardized coordinates (``init_to_uniform``'s ±2), x̃ would be
+    scaled by a scale that is itself drawn on the log scale: on a Poisson model with 300
+    random intercepts (log link), x = scale · x̃ reached ±15 and the warm start never
+    recovered (start ELBO −1.2e5 against −517 in the model's coordinates).
+    """
+    return partial(_init_as_written, init_loc_fn=init_loc_fn)
+
+
+def _init_as_written(site=None, init_loc_fn=None):
+    if site is None:  # NumPyro calls a strategy without a site to get it
+        return partial(_init_as_written, init_loc_fn=init_loc_fn)
+    written = site.get("infer", {}).get(WRITTEN) if site.get("type") == "sample" else None
+    if written is None:
+        return init_loc_fn(site)
+    loc, scale, fn = written
+    value = init_loc_fn(dict(site, name=site["name"][: -len(SUFFIX)], fn=fn))
+    if value is None:
+        return init_loc_fn(site)
+    return (value - loc) / scale
+
+
 def decentered_model(model, names):
     """``model`` with each site in ``names`` non-centered by :class:`Decenter`."""
     return handlers.reparam(model, config={name: Decenter() for name in names})
@@ -143,6 +179,7 @@ def emitted_log_density(site, mask_off: bool):
 __all__ = [
     "Decenter",
     "LOC_SCALE_FAMILIES",
+    "decentered_init",
     "decentered_model",
     "decentered_values",
     "emitted_log_density",

@@ -447,6 +447,7 @@ class UHAGuide(AutoContinuous):
             init_loc_fn=init_loc_fn,
             forward_mode_differentiation=forward_mode_differentiation,
         )
+        self._user_init_loc_fn = init_loc_fn
 
     # ------------------------------------------------------------------ setup
     def _setup_prototype(self, *args, **kwargs):
@@ -454,8 +455,12 @@ class UHAGuide(AutoContinuous):
         dim = self._validate_model(args, kwargs)
         precompiling = None if _is_tracer((args, kwargs)) else self._precompile_setup(dim)
         decenter = self._resolve_decenter(args, kwargs)
+        # NumPyro's initial point: in non-centered coordinates, the one init_loc_fn gives
+        # the model as written (see _decenter.decentered_init)
+        self.init_loc_fn = self._user_init_loc_fn
         if decenter:
             self.model = _decenter.decentered_model(self._user_model, decenter)
+            self.init_loc_fn = _decenter.decentered_init(self._user_init_loc_fn)
         try:
             with compiled_initialization():  # NumPyro's initial point, compiled
                 super()._setup_prototype(*args, **kwargs)
@@ -1304,6 +1309,7 @@ class UHAGuide(AutoContinuous):
         state.setdefault("requested_decenter", False)
         state.setdefault("decentered_sites", ())
         state.setdefault("_user_model", state.get("model"))
+        state.setdefault("_user_init_loc_fn", state.get("init_loc_fn"))
         self.__dict__.update(state)
 
     # ------------------------------------------------------------- sampling

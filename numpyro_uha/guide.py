@@ -477,6 +477,12 @@ class UHAGuide(AutoContinuous):
                     "where numpyro.handlers.reparam does not reach)."
                 )
             self.decentered_sites = reached
+            # x itself is a deterministic site of the non-centered model, not one the
+            # user wrote: NumPyro's AutoGuideList refuses a part whose prototype trace
+            # shows a deterministic site, and this guide emits x as a sample site anyway
+            for name in reached:
+                if self.prototype_trace.get(name, {}).get("type") == "deterministic":
+                    del self.prototype_trace[name]
             if reached != decenter:  # some were inside scan: drop them from the config
                 self.model = (
                     _decenter.decentered_model(self._user_model, reached)

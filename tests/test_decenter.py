@@ -19,6 +19,7 @@ import optax
 import pytest
 from numpyro.contrib.control_flow import scan
 from numpyro.infer import SVI, Predictive, Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_uha import UHAGuide
 from numpyro_uha._decenter import find_decenterable
@@ -234,3 +235,23 @@ def test_a_non_centered_poisson_model_warm_starts_near_the_centered_one(poisson_
         elbos[decenter] = guide._start_elbo[0]
     assert guide.decentered_sites == ()
     assert np.isfinite(elbos["auto"]) and elbos["auto"] > elbos[False] - 0.5 * 150
+
+
+def test_a_non_centered_guide_is_a_part_of_an_auto_guide_list(poisson_data):
+    """NumPyro's AutoGuideList refuses a part whose prototype trace shows a deterministic
+    site; the non-centered model's x = loc + scale · x̃ is one the user never wrote, so
+    it is not shown, and the list trains and draws the model's own sites."""
+    from numpyro.infer.autoguide import AutoGuideList
+
+    guides = AutoGuideList(poisson_intercepts)
+    part = UHAGuide(numpyro.handlers.block(poisson_intercepts, hide=["s"]), K=2)
+    guides.append(part)
+    guides.append(AutoNormal(numpyro.handlers.block(poisson_intercepts, expose=["s"])))
+    svi = SVI(poisson_intercepts, guides, optax.adam(1e-2), Trace_ELBO())
+    result = svi.run(jax.random.PRNGKey(0), 5, *poisson_data, progress_bar=False)
+    assert part.decentered_sites == ("u",)
+    assert np.all(np.isfinite(np.asarray(result.losses)))
+    draws = guides.sample_posterior(
+        jax.random.PRNGKey(1), result.params, *poisson_data, sample_shape=(3,)
+    )
+    assert sorted(draws) == ["b0", "s", "u", "w"] and draws["u"].shape == (3, 150)

@@ -349,7 +349,11 @@ class UHAGuide(AutoContinuous):
             run as ``x = loc + scale · x̃``, ``x̃ ~ Normal(0, 1)`` (a funnel becomes a
             Gaussian where the data say little about ``x``); the guide still emits and
             returns ``x``, and the bound stays exact (the Jacobian is in the guide's log
-            density). ``False``: the model's own coordinates. A list of site names:
+            density). Where the data say much about each ``x`` the model's own
+            coordinates fit better, so with a warm start both are warm-started from the
+            same point and keys and the one with the higher start ELBO is kept (both
+            ELBOs in ``guide.coordinate_elbos``; the setup then takes about twice as
+            long). ``False``: the model's own coordinates. A list of site names:
             those sites. Resolved at setup into ``guide.decentered_sites`` (sites inside
             ``numpyro.contrib.control_flow.scan``, masked or scaled sites are left as
             written). With ``init_from``, ``"auto"`` means ``False`` (q comes from a fit
@@ -435,6 +439,8 @@ class UHAGuide(AutoContinuous):
         self.requested_decenter = _check_decenter(decenter, init_from)
         self._user_model = model
         self.decentered_sites = ()  # resolved at setup
+        # decenter="auto": the start ELBO of each coordinate system tried (set up)
+        self.coordinate_elbos = None
         self._init_values = None
         self._setup_args = None
         self._jitted_draws = {}
@@ -455,6 +461,37 @@ class UHAGuide(AutoContinuous):
         dim = self._validate_model(args, kwargs)
         precompiling = None if _is_tracer((args, kwargs)) else self._precompile_setup(dim)
         decenter = self._resolve_decenter(args, kwargs)
+        if not (
+            decenter and self.requested_decenter == "auto" and self.warm_start_steps > 0
+            and self.init_from is None and not _is_tracer((args, kwargs))
+        ):
+            return self._setup_in(decenter, precompiling, args, kwargs)
+        # "auto": which coordinates fit better depends on the data (non-centered where a
+        # group's data say little, the model's own where they say much: a hierarchical
+        # normal model with 5 observations per group lost 13 nats non-centered), so both
+        # are warm-started, from the same point and keys, and the one with the higher
+        # start ELBO is kept
+        rng_key = numpyro.prng_key()
+        if rng_key is None:
+            rng_key = jax.random.PRNGKey(0)
+        with handlers.seed(rng_seed=rng_key):
+            self._setup_in(decenter, precompiling, args, kwargs)
+        non_centered = dict(self.__dict__)
+        self._jitted_setup, self._jitted_draws = {}, {}  # programs of the other model
+        self.model = self._user_model
+        with handlers.seed(rng_seed=rng_key):
+            self._setup_in((), None, args, kwargs)
+        self.coordinate_elbos = {
+            "non_centered": non_centered["_start_elbo"], "as_written": self._start_elbo
+        }
+        non_centered["coordinate_elbos"] = self.coordinate_elbos
+        if _elbo_or_minus_inf(non_centered["_start_elbo"]) > _elbo_or_minus_inf(
+            self._start_elbo
+        ):
+            self.__dict__.update(non_centered)
+
+    def _setup_in(self, decenter, precompiling, args, kwargs):
+        """The setup in given coordinates: ``decenter`` names the non-centered sites."""
         # NumPyro's initial point: in non-centered coordinates, the one init_loc_fn gives
         # the model as written (see _decenter.decentered_init)
         self.init_loc_fn = self._user_init_loc_fn
@@ -1316,6 +1353,7 @@ class UHAGuide(AutoContinuous):
         state.setdefault("decentered_sites", ())
         state.setdefault("_user_model", state.get("model"))
         state.setdefault("_user_init_loc_fn", state.get("init_loc_fn"))
+        state.setdefault("coordinate_elbos", None)
         self.__dict__.update(state)
 
     # ------------------------------------------------------------- sampling
@@ -1870,6 +1908,13 @@ def _hashable(obj) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _elbo_or_minus_inf(start_elbo) -> float:
+    """A start ELBO ``(mean, se)`` as a number to compare; −inf where there is none."""
+    if start_elbo is None or not np.isfinite(start_elbo[0]):
+        return -np.inf
+    return float(start_elbo[0])
 
 
 def _jit_once(cache: dict, impl, spec, *, quick=False, **static):

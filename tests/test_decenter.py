@@ -84,7 +84,7 @@ def fit(model, guide, *args, steps=1500, lr=1e-2):
 
 @pytest.fixture(scope="module")
 def fitted_groups():
-    guide = UHAGuide(groups, K=4, warm_start_steps=200)
+    guide = UHAGuide(groups, K=4, warm_start_steps=200, decenter=["theta"])
     result = fit(groups, guide, Y, steps=300)
     return guide, result.params
 
@@ -142,9 +142,11 @@ def test_a_funnel_is_fitted_non_centered(decenter):
     posterior is a standard Gaussian in (v, x~), so the fitted guide's draws of v must
     have sd 3 within 4 Monte Carlo standard errors (sd of a sample sd: sd / sqrt(2n));
     centered, a Gaussian start and short chains cannot (q's sd of v stays near 1).
-    The centered case is the check that the test can fail."""
+    The centered case is the check that the test can fail. The learning rate decays
+    (1e-2 to 1e-4): at a constant 1e-2 Adam's own jitter moved the fitted sd of v by up
+    to ±0.2 with the seed, beyond the draws' Monte Carlo error the test is sized by."""
     guide = UHAGuide(funnel, K=8, warm_start_steps=300, decenter=decenter)
-    result = fit(funnel, guide, 4, steps=1000)
+    result = fit(funnel, guide, 4, steps=1000, lr=optax.exponential_decay(1e-2, 1000, 0.01))
     n = 4000
     v = np.asarray(guide.sample_posterior(
         jax.random.PRNGKey(5), result.params, 4, sample_shape=(n,)
@@ -209,7 +211,7 @@ def test_the_non_centered_start_is_the_point_init_loc_fn_gives_the_model(poisson
     traces = {}
     for decenter in ("auto", False):
         guide = UHAGuide(
-            poisson_intercepts, K=2, decenter=decenter, init_loc_fn=init_loc_fn,
+            poisson_intercepts, K=2, decenter=decenter and ["u"], init_loc_fn=init_loc_fn,
             warm_start_steps=10,
         )
         with warnings.catch_warnings():
@@ -228,7 +230,7 @@ def test_a_non_centered_poisson_model_warm_starts_near_the_centered_one(poisson_
     From the model's own initial point it starts within a few nats per group of it."""
     elbos = {}
     for decenter in ("auto", False):
-        guide = UHAGuide(poisson_intercepts, K=2, decenter=decenter)
+        guide = UHAGuide(poisson_intercepts, K=2, decenter=decenter and ["u"])
         SVI(poisson_intercepts, guide, optax.adam(1e-3), Trace_ELBO()).init(
             jax.random.PRNGKey(0), *poisson_data
         )
@@ -244,7 +246,9 @@ def test_a_non_centered_guide_is_a_part_of_an_auto_guide_list(poisson_data):
     from numpyro.infer.autoguide import AutoGuideList
 
     guides = AutoGuideList(poisson_intercepts)
-    part = UHAGuide(numpyro.handlers.block(poisson_intercepts, hide=["s"]), K=2)
+    part = UHAGuide(
+        numpyro.handlers.block(poisson_intercepts, hide=["s"]), K=2, decenter=["u"]
+    )
     guides.append(part)
     guides.append(AutoNormal(numpyro.handlers.block(poisson_intercepts, expose=["s"])))
     svi = SVI(poisson_intercepts, guides, optax.adam(1e-2), Trace_ELBO())
@@ -255,3 +259,36 @@ def test_a_non_centered_guide_is_a_part_of_an_auto_guide_list(poisson_data):
         jax.random.PRNGKey(1), result.params, *poisson_data, sample_shape=(3,)
     )
     assert sorted(draws) == ["b0", "s", "u", "w"] and draws["u"].shape == (3, 150)
+
+
+def normal_groups(y):
+    """30 groups with 5 observations each (sd 1) under a latent mean and scale: the data
+    pin every group down, so the model's own coordinates fit better than non-centered."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(2.0))
+    with numpyro.plate("groups", y.shape[0]):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+        with numpyro.plate("obs", y.shape[1], dim=-2):
+            numpyro.sample("y", dist.Normal(theta, 1.0), obs=y.T)
+
+
+def test_auto_keeps_the_coordinates_whose_warm_start_fits_better():
+    """decenter="auto" warm-starts both coordinate systems from the same point and keeps
+    the higher start ELBO: informative groups stay as written (non-centered they lost
+    13 nats to AutoNormal after 1000 steps), Neal's funnel with no data goes
+    non-centered."""
+    rng = np.random.default_rng(0)
+    y = jnp.asarray(rng.normal(size=(30, 5)) + rng.normal(size=(30, 1)))
+    elbos = {}
+    for model, args in ((normal_groups, (y,)), (funnel, (4,))):
+        guide = UHAGuide(model, K=2, warm_start_steps=300)
+        SVI(model, guide, optax.adam(1e-3), Trace_ELBO()).init(jax.random.PRNGKey(0), *args)
+        elbos[model.__name__] = guide.coordinate_elbos
+        kept = "non_centered" if guide.decentered_sites else "as_written"
+        assert guide._start_elbo == guide.coordinate_elbos[kept]
+        assert max(guide.coordinate_elbos.values(), key=lambda e: e[0]) == guide._start_elbo
+        expected = () if model is normal_groups else ("x",)
+        assert guide.decentered_sites == expected, (model.__name__, guide.coordinate_elbos)
+    groups_elbos = elbos["normal_groups"]
+    margin = groups_elbos["as_written"][0] - groups_elbos["non_centered"][0]
+    assert margin > 4 * np.hypot(groups_elbos["as_written"][1], groups_elbos["non_centered"][1])

@@ -476,6 +476,8 @@ class UHAGuide(AutoContinuous):
             rng_key = jax.random.PRNGKey(0)
         with handlers.seed(rng_seed=rng_key):
             self._setup_in(decenter, precompiling, args, kwargs)
+        if not self.decentered_sites:  # none reached (inside scan): nothing to compare
+            return
         non_centered = dict(self.__dict__)
         self._jitted_setup, self._jitted_draws = {}, {}  # programs of the other model
         self.model = self._user_model

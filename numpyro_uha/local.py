@@ -221,12 +221,7 @@ class UHALocalGuide(AutoGuide):
                 f"encoder must be a callable x -> (loc, scale), got {type(encoder).__name__}."
             )
         frozen = _check_frozen(frozen)
-        if isinstance(global_guide, UHAGuide) or (
-            isinstance(global_guide, type) and issubclass(global_guide, UHAGuide)
-        ):
-            name = global_guide.__name__ if isinstance(global_guide, type) else type(
-                global_guide).__name__
-            _refuse_uha_global_guide(name)
+        _refuse_uha_global_guide(global_guide)  # a class or instance: refused at once
         self.K = K
         self.encoder = encoder
         self._global_guide_arg = global_guide
@@ -435,16 +430,12 @@ class UHALocalGuide(AutoGuide):
         choice = self._global_guide_arg
         if choice is None:
             return AutoNormal(hidden, prefix=f"{self.prefix}_global")
-        if isinstance(choice, type) and issubclass(choice, UHAGuide):
-            _refuse_uha_global_guide(choice.__name__)
         if isinstance(choice, type) and issubclass(choice, AutoGuide):
-            guide = choice(hidden, prefix=f"{self.prefix}_global")
-        elif isinstance(choice, AutoGuide) or not callable(choice):
-            guide = choice
-        else:
-            guide = choice(hidden)
-        if isinstance(guide, UHAGuide):
-            _refuse_uha_global_guide(type(guide).__name__)
+            return choice(hidden, prefix=f"{self.prefix}_global")
+        if isinstance(choice, AutoGuide) or not callable(choice):
+            return choice
+        guide = choice(hidden)
+        _refuse_uha_global_guide(guide)  # what a factory built
         return guide
 
     def _initial_values(self, dtype):
@@ -592,11 +583,11 @@ class UHALocalGuide(AutoGuide):
             )
         return global_values
 
-    def _subsample(self, subsample_idx, size, subsample_size, args=None, kwargs=None):
+    def _subsample(self, subsample_idx, size, subsample_size, args, kwargs):
         plate_name = self._plate_name
         if subsample_idx is None:
             if subsample_size != size:
-                if args is not None and self._indices_unused(args, kwargs, size, subsample_size):
+                if self._indices_unused(args, kwargs, size, subsample_size):
                     return jnp.arange(subsample_size)
                 raise ValueError(
                     f"UHALocalGuide: the plate '{plate_name}' subsamples {subsample_size} of "
@@ -986,11 +977,16 @@ class UHALocalGuide(AutoGuide):
         return state
 
 
-def _refuse_uha_global_guide(name):
-    """A UHA chain cannot be the global guide: it is fit on the model with the plate's
-    sites hidden, so its target would be the globals' prior (the data's likelihood is
-    in the hidden sites), not their posterior: a valid but useless bound (measured on a
-    Poisson random-intercept model: loss NaN, global posterior sds 7-21x NUTS's)."""
+def _refuse_uha_global_guide(guide):
+    """Raise if ``guide`` is a :class:`UHAGuide` (class or instance). A UHA chain cannot
+    be the global guide: it is fit on the model with the plate's sites hidden, so its
+    target would be the globals' prior (the data's likelihood is in the hidden sites),
+    not their posterior: a valid but useless bound (measured on a Poisson
+    random-intercept model: loss NaN, global posterior sds 7-21x NUTS's)."""
+    cls = guide if isinstance(guide, type) else type(guide)
+    if not issubclass(cls, UHAGuide):
+        return
+    name = cls.__name__
     raise TypeError(
         f"UHALocalGuide: global_guide={name} is not supported. The global guide is fit on "
         "the model with the plate's sites hidden, so a UHA chain there would anneal to the "

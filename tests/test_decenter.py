@@ -21,6 +21,7 @@ from numpyro.contrib.control_flow import scan
 from numpyro.infer import SVI, Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
+from benchmarks.user_models import informative_groups, poisson_intercepts
 from numpyro_uha import UHAGuide
 from numpyro_uha._decenter import find_decenterable
 
@@ -176,17 +177,6 @@ def test_bad_decenter_arguments_are_named():
     assert off.decentered_sites == ()
 
 
-def poisson_intercepts(x, y):
-    """Poisson regression with a random intercept per group (log link): the non-centered
-    u = s · ũ sits inside exp(·)."""
-    b0 = numpyro.sample("b0", dist.Normal(0.0, 2.0))
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
-    s = numpyro.sample("s", dist.HalfNormal(1.0))
-    with numpyro.plate("data", x.shape[0]):
-        u = numpyro.sample("u", dist.Normal(0.0, s))
-        numpyro.sample("y", dist.Poisson(jnp.exp(b0 + x @ w + u)), obs=y)
-
-
 @pytest.fixture(scope="module")
 def poisson_data():
     rng = np.random.default_rng(0)
@@ -261,17 +251,6 @@ def test_a_non_centered_guide_is_a_part_of_an_auto_guide_list(poisson_data):
     assert sorted(draws) == ["b0", "s", "u", "w"] and draws["u"].shape == (3, 150)
 
 
-def normal_groups(y):
-    """30 groups with 5 observations each (sd 1) under a latent mean and scale: the data
-    pin every group down, so the model's own coordinates fit better than non-centered."""
-    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
-    tau = numpyro.sample("tau", dist.HalfCauchy(2.0))
-    with numpyro.plate("groups", y.shape[0]):
-        theta = numpyro.sample("theta", dist.Normal(mu, tau))
-        with numpyro.plate("obs", y.shape[1], dim=-2):
-            numpyro.sample("y", dist.Normal(theta, 1.0), obs=y.T)
-
-
 def test_auto_keeps_the_coordinates_whose_warm_start_fits_better():
     """decenter="auto" warm-starts both coordinate systems from the same point and keeps
     the higher start ELBO: informative groups stay as written (non-centered they lost
@@ -280,15 +259,15 @@ def test_auto_keeps_the_coordinates_whose_warm_start_fits_better():
     rng = np.random.default_rng(0)
     y = jnp.asarray(rng.normal(size=(30, 5)) + rng.normal(size=(30, 1)))
     elbos = {}
-    for model, args in ((normal_groups, (y,)), (funnel, (4,))):
+    for model, args in ((informative_groups, (y,)), (funnel, (4,))):
         guide = UHAGuide(model, K=2, warm_start_steps=300)
         SVI(model, guide, optax.adam(1e-3), Trace_ELBO()).init(jax.random.PRNGKey(0), *args)
         elbos[model.__name__] = guide.coordinate_elbos
         kept = "non_centered" if guide.decentered_sites else "as_written"
         assert guide._start_elbo == guide.coordinate_elbos[kept]
         assert max(guide.coordinate_elbos.values(), key=lambda e: e[0]) == guide._start_elbo
-        expected = () if model is normal_groups else ("x",)
+        expected = () if model is informative_groups else ("x",)
         assert guide.decentered_sites == expected, (model.__name__, guide.coordinate_elbos)
-    groups_elbos = elbos["normal_groups"]
+    groups_elbos = elbos["informative_groups"]
     margin = groups_elbos["as_written"][0] - groups_elbos["non_centered"][0]
     assert margin > 4 * np.hypot(groups_elbos["as_written"][1], groups_elbos["non_centered"][1])

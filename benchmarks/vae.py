@@ -632,8 +632,17 @@ def train_iwae(
     key_init, key_loop, key_noise = jax.random.split(rng_key, 3)
     params = init_params(key_init, arch, data.pixel_mean) if init is None else dict(init)
     optimizer = optax.adam(options.lr)
+    state = (params, optimizer.init(params), key_noise)
+    return train_loop(
+        key_loop, data, options, jax.jit(iwae_step(arch, K, optimizer)), state, lambda s: s[0],
+        _validation_bound(data, K), label=f"IWAE K={K}",
+    )
 
-    @jax.jit
+
+def iwae_step(arch: Architecture, K: int, optimizer) -> Callable:
+    """One IWAE training step (not jitted), ``((params, opt_state, key), x_batch) ->
+    (state, mean K-sample bound)``: fresh noise, the DReG gradient, an optimizer step."""
+
     def step(state, x_batch):
         params, opt_state, key = state
         key, key_eps = jax.random.split(key)
@@ -642,11 +651,7 @@ def train_iwae(
         updates, opt_state = optimizer.update(jax.tree.map(jnp.negative, grads), opt_state, params)
         return (optax.apply_updates(params, updates), opt_state, key), jnp.mean(bound)
 
-    state = (params, optimizer.init(params), key_noise)
-    return train_loop(
-        key_loop, data, options, step, state, lambda s: s[0], _validation_bound(data, K),
-        label=f"IWAE K={K}",
-    )
+    return step
 
 
 #: The UHA parameter groups the paper does not tune for its VAEs (Section 5.4: ε, η, β
@@ -658,7 +663,7 @@ UHA_MAX_STEP_SIZE = 0.05
 
 
 def make_uha_guide(arch: Architecture, K: int, pixel_mean=None, init_step_size: float = 0.02,
-                   max_step_size: float = UHA_MAX_STEP_SIZE):
+                   max_step_size: float = UHA_MAX_STEP_SIZE, precondition: bool = True):
     """``(model, guide)``: :func:`make_vae_model` and ``UHALocalGuide`` on it with the
     encoder of :func:`make_encoder`, K transitions, ε ≤ ``max_step_size`` (the paper's
     :data:`UHA_MAX_STEP_SIZE` by default), the groups :data:`UHA_FROZEN` frozen, ε
@@ -669,6 +674,7 @@ def make_uha_guide(arch: Architecture, K: int, pixel_mean=None, init_step_size: 
     guide = UHALocalGuide(
         model, K=K, encoder=make_encoder(arch.latent_dim, arch.hidden),
         max_step_size=max_step_size, frozen=UHA_FROZEN, init_step_size=init_step_size,
+        precondition=precondition,
     )
     return model, guide
 
@@ -712,6 +718,7 @@ def train_uha(
     rng_key: jax.Array, data: VAEData, arch: Architecture, K: int, options: TrainOptions,
     init: dict | None = None, *, train_encoder: bool = False, init_step_size: float = 0.02,
     param_lr_scale: float = 1.0, max_step_size: float = UHA_MAX_STEP_SIZE,
+    precondition: bool = True,
 ) -> TrainResult:
     """UHA (``UHALocalGuide``, K transitions) trained with :func:`train_svi` and
     ``Trace_ELBO``, whose loss is −(N/B) Σ_i log w_i: the minibatch UHA bound.
@@ -727,26 +734,37 @@ def train_uha(
     parameters (ε, η, β, Σ: every parameter that is not an ``encoder_*`` or
     ``decoder_*`` weight) are stepped by Adam at ``options.lr * param_lr_scale``
     (``--uha-param-lr-scale``; 1, the paper's single rate, by default).
-    ``max_step_size``: ε's cap (``--uha-max-step-size``; the paper's 0.05 by default)."""
+    ``max_step_size``: ε's cap (``--uha-max-step-size``; the paper's 0.05 by default).
+    ``precondition``: the guide's (``--uha-precondition``; on by default: each image's
+    chain steps in units of its q(z|x)'s sds, so ε's cap is relative to them; off: Σ
+    and ε in z's units, the paper's setting)."""
     if not (isinstance(K, int) and K >= 1):
         raise ValueError(f"K must be a positive integer, got {K!r}.")
     if not param_lr_scale > 0:
         raise ValueError(f"param_lr_scale must be positive, got {param_lr_scale!r}.")
-    model, guide = make_uha_guide(arch, K, data.pixel_mean, init_step_size, max_step_size)
+    model, guide = make_uha_guide(arch, K, data.pixel_mean, init_step_size, max_step_size,
+                                  precondition)
+    optimizer = uha_optimizer(options.lr, param_lr_scale, train_encoder)
+    validate = _uha_validation_bound(guide, data, options.validation_samples)
+    return train_svi(rng_key, data, model, guide, options, validate, init,
+                     label=f"UHA{'+enc' if train_encoder else ''} K={K}", optimizer=optimizer)
+
+
+def uha_optimizer(lr: float, param_lr_scale: float = 1.0, train_encoder: bool = False):
+    """The UHA rows' optimizer: Adam at ``lr`` for the decoder (and the encoder with
+    ``train_encoder``; otherwise its updates are zero), at ``lr * param_lr_scale`` for the
+    guide's own parameters (ε, η, β, Σ)."""
 
     def label(name):
         if name.startswith("encoder_"):
             return "adam" if train_encoder else "frozen"
         return "adam" if name.startswith("decoder_") else "guide"
 
-    optimizer = optax.multi_transform(
-        {"adam": optax.adam(options.lr), "guide": optax.adam(options.lr * param_lr_scale),
+    return optax.multi_transform(
+        {"adam": optax.adam(lr), "guide": optax.adam(lr * param_lr_scale),
          "frozen": optax.set_to_zero()},
         lambda params: {k: label(k) for k in params},
     )
-    validate = _uha_validation_bound(guide, data, options.validation_samples)
-    return train_svi(rng_key, data, model, guide, options, validate, init,
-                     label=f"UHA{'+enc' if train_encoder else ''} K={K}", optimizer=optimizer)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1083,7 +1101,7 @@ _BASE_DEFAULTS = dict(
     lr=1e-4, batch_size=100, hidden=450, latent_dim=64, patience=None, ais_step_size=0.06,
     ais_damping=0.8, ais_schedule="linear", ais_batch=None, seed=0, init="vae",
     methods=["vae", "iwae", "uha", "uha_enc"], uha_init_step_size=0.02, uha_param_lr_scale=1.0,
-    uha_max_step_size=UHA_MAX_STEP_SIZE,
+    uha_max_step_size=UHA_MAX_STEP_SIZE, uha_precondition=True,
 )
 
 
@@ -1120,6 +1138,9 @@ def _parser() -> argparse.ArgumentParser:
                         "this (default 1: the paper's single rate)")
     p.add_argument("--uha-max-step-size", type=float, default=None,
                    help=f"UHA rows: ε's cap (default {UHA_MAX_STEP_SIZE}, the paper's; an ablation otherwise)")
+    p.add_argument("--uha-precondition", action=argparse.BooleanOptionalAction, default=None,
+                   help="UHA rows: UHALocalGuide's precondition (default on: Σ relative to "
+                        "q(z|x)'s sds; off: Σ in the latent's own units, as in the paper)")
     p.add_argument("--ais-steps", type=int, default=None, help="AIS transitions (bridging densities)")
     p.add_argument("--ais-leapfrog", type=int, default=None)
     p.add_argument("--ais-step-size", type=float, default=None)
@@ -1251,7 +1272,8 @@ def main(argv=None):
             init = vae.params if args.init == "vae" else None
             extra = ({"init_step_size": args.uha_init_step_size,
                       "param_lr_scale": args.uha_param_lr_scale,
-                      "max_step_size": args.uha_max_step_size} if method.startswith("uha") else {})
+                      "max_step_size": args.uha_max_step_size,
+                      "precondition": args.uha_precondition} if method.startswith("uha") else {})
             result = METHODS[method].train(
                 jax.random.fold_in(method_key, 2 * K), data, arch, K, options(args.iwae_epochs), init,
                 **extra,
@@ -1280,6 +1302,8 @@ def report(args, data, arch, ais, rows, per_image, bdmc_rows, trained, complete=
         "q's ELBO: the plain ELBO of the encoder's q(z|x). UHA is the paper's row (from the "
         f"VAE, tuning the decoder, ε ≤ {args.uha_max_step_size:g} (from {args.uha_init_step_size}), η, β and Σ"
         + (f" (these at Adam {args.lr * args.uha_param_lr_scale:g})" if args.uha_param_lr_scale != 1 else "")
+        + (" (Σ relative to q(z|x)'s sds: `precondition=True`)" if args.uha_precondition
+           else " (Σ in z's units: `precondition=False`)")
         + "; "
         "encoder frozen), UHA+enc the same "
         "with the encoder trained too; K = UHA transitions (K gradient evaluations). "

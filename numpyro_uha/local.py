@@ -159,6 +159,15 @@ class UHALocalGuide(AutoGuide):
         per_data_point: give each data point its own annealing parameters (ε, its slope,
             η, Σ, β, ψ, δ: shape ``(N, ...)``, subsampled with the plate) instead of
             shared ones.
+        precondition: run each data point's chain in its own q_i's standardized
+            coordinates (z − μ_i) / σ_i: the momentum scales are Σ's (shared or per data
+            point) divided by q_i's sds, which is the same as the chain on the standardized
+            target, so ε, its cap ``max_step_size`` and Σ are in units of each q_i's sds.
+            Data points whose posteriors differ in scale (an image that pins its latents
+            down and one that does not; a group with many observations and one with few)
+            then all take steps their own size; ``UHAGuide`` does the same for its one q
+            (its Σ starts at q's sds). ``False``: ε and Σ in the latents' own
+            (unconstrained) units for every data point, as in the paper's VAEs.
         prefix: prefix of the guide's ``numpyro.param`` names.
         init_scale: initial sd of q_i (without an encoder).
         init_step_size: initial ε, in (0, ``max_step_size``).
@@ -193,6 +202,7 @@ class UHALocalGuide(AutoGuide):
         global_guide=None,
         subsample_plate: str | None = None,
         per_data_point: bool = False,
+        precondition: bool = True,
         prefix: str = "local",
         init_scale: float = 0.1,
         init_step_size: float = 0.02,
@@ -228,6 +238,7 @@ class UHALocalGuide(AutoGuide):
         self.global_guide = None
         self.subsample_plate = subsample_plate
         self.per_data_point = bool(per_data_point)
+        self.precondition = bool(precondition)
         self.init_scale = init_scale
         self.init_step_size = init_step_size
         self.max_step_size = max_step_size
@@ -669,7 +680,12 @@ class UHALocalGuide(AutoGuide):
             betas=betas,
             step_sizes=step_sizes,
             damping=values["damping"],
-            momentum_scale=values["momentum_scale"],
+            # preconditioned: Σ relative to q_i's sds, i.e. the dynamics of data point i
+            # in q_i's standardized coordinates (z - μ_i) / σ_i
+            momentum_scale=(
+                values["momentum_scale"] / scale if self.precondition
+                else values["momentum_scale"]
+            ),
             bridge_loc_slope=values["bridge_loc_slope"],
             bridge_log_scale_slope=values["bridge_log_scale_slope"],
             drift_scale=values["drift_scale"],

@@ -56,7 +56,7 @@ def test_each_data_point_chain_is_the_single_chain_with_its_key():
     log p(x_i, z_i | mu) alone (written here per point, independently of the model)."""
     mu = 0.4
     model = handlers.condition(conjugate_model, {"mu": mu})
-    guide = UHALocalGuide(model, K=5, integrator="velocity_verlet")
+    guide = UHALocalGuide(model, K=5, integrator="velocity_verlet", precondition=False)
     args = (X, N, N)
     params = perturbed_params(model, guide, 0, *args)
     idx = jnp.arange(N)
@@ -79,11 +79,49 @@ def test_each_data_point_chain_is_the_single_chain_with_its_key():
         np.testing.assert_allclose(log_w[i], w_i, rtol=1e-5, atol=1e-5)
 
 
-def test_weights_are_unbiased_with_subsampling():
+def test_a_preconditioned_chain_is_the_chain_in_q_standardized_coordinates():
+    """precondition=True: data point i's chain is core.annealed_sample on its target in
+    u = (z - μ_i) / σ_i (log p̄(μ_i + σ_i u) + Σ log σ_i, from N(0, I)) with Σ's
+    momentum scales as given, mapped back: the same draws and the same log weights."""
+    mu = 0.4
+    model = handlers.condition(conjugate_model, {"mu": mu})
+    guide = UHALocalGuide(model, K=5, integrator="velocity_verlet", precondition=True)
+    args = (X, N, N)
+    params = perturbed_params(model, guide, 0, *args)
+    # q's sds far from 1 and Σ's not 1, so Σ / σ_i differs from Σ, Σ σ_i and σ_i
+    params["local_scale"] = jnp.asarray(np.random.default_rng(5).uniform(0.2, 3.0, (N, 1)))
+    params["local_momentum_scale"] = jnp.asarray([0.7])
+    idx = jnp.arange(N)
+    key = jax.random.PRNGKey(7)
+    draws, log_w = guide._draws(key, params, args, {}, (), idx)
+    draw_key = jax.random.split(key, 1)[0]
+    rows_key = handlers.seed(lambda: numpyro.prng_key(), draw_key)()
+    keys = jax.random.split(rows_key, N)
+    annealing = guide.get_annealing_params(params, *args, subsample_idx=idx)
+    for i in [0, 5, 17]:
+        loc, scale = annealing.loc[i], annealing.scale[i]
+
+        def standardized(u, i=i, loc=loc, scale=scale):
+            z = loc[0] + scale[0] * u[0]
+            return (
+                jax.scipy.stats.norm.logpdf(z, mu, 1.0)
+                + jax.scipy.stats.norm.logpdf(X[i], z, SIGMA)
+                + jnp.log(scale[0])
+            )
+        row = annealing._replace(
+            loc=jnp.zeros(1), scale=jnp.ones(1), momentum_scale=params["local_momentum_scale"],
+        )
+        u_i, w_i, _ = annealed_sample(keys[i], standardized, row, integrator="velocity_verlet")
+        np.testing.assert_allclose(draws["z"][i], loc[0] + scale[0] * u_i[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(log_w[i], w_i, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("precondition", [False, True])
+def test_weights_are_unbiased_with_subsampling(precondition):
     """E[w_i] = p(x_i | mu) for each data point of a minibatch (B = 6 of 24)."""
     mu, batch = -0.3, 6
     model = handlers.condition(conjugate_model, {"mu": mu})
-    guide = UHALocalGuide(model, K=4)
+    guide = UHALocalGuide(model, K=4, precondition=precondition)
     args = (X, N, batch)
     params = perturbed_params(model, guide, 1, *args)
     idx = jnp.asarray([3, 11, 0, 20, 7, 15])
@@ -459,7 +497,8 @@ def test_encoder_shape_error_names_the_shapes():
 
 
 @pytest.mark.slow
-def test_hierarchical_model_with_many_groups_matches_the_exact_posterior():
+@pytest.mark.parametrize("precondition", [False, True])
+def test_hierarchical_model_with_many_groups_matches_the_exact_posterior(precondition):
     """1000 groups, subsample 64: the global mean's and the groups' posterior means and
     sds against the exact (conjugate) posterior, within 0.2 sd and 20 % (every group;
     the Monte Carlo error of 2000 draws is inside these)."""
@@ -484,7 +523,7 @@ def test_hierarchical_model_with_many_groups_matches_the_exact_posterior():
     z_mean = shrink * mu_mean + (1 - shrink) * ybar
     z_var = (tau**2 * sigma**2 / per_group) / v + shrink**2 * mu_var
 
-    guide = UHALocalGuide(model, K=4, init_scale=0.5)
+    guide = UHALocalGuide(model, K=4, init_scale=0.5, precondition=precondition)
     # Stochastic (minibatch) gradients: a decaying learning rate (Robbins-Monro), as for
     # any subsampled SVI; at a constant 1e-2 the global mean wandered by
     # ~1.4 posterior sd (measured).
@@ -530,11 +569,39 @@ def _narrow_setup(s0):
     n = 8
     x = jnp.asarray(np.random.default_rng(0).normal(size=n))
     s = jnp.full(n, 0.5).at[0].set(s0)
-    guide = UHALocalGuide(_narrow_model, K=4)  # ε starts at 0.02
+    # not preconditioned: ε starts at 0.02 in the model's units, whatever q_i's scale
+    guide = UHALocalGuide(_narrow_model, K=4, precondition=False)
     args = (x, s, n, n)
     svi = SVI(_narrow_model, guide, optax.adam(1e-3), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0), *args)
     return guide, svi, state, args
+
+
+def test_preconditioned_steps_follow_each_data_points_q():
+    """The divergence tests' set-up (data point 0's posterior sd 0.002, the others' 0.5,
+    ε = 0.02) with the default precondition=True: each chain steps in units of its own
+    q_i's sd, so data point 0's chain runs (not preconditioned, it diverges: the tests
+    below), and trains: its q narrows, every chain finite and its bound near log p(x_0)."""
+    n = 8
+    x = jnp.asarray(np.random.default_rng(0).normal(size=n))
+    s = jnp.full(n, 0.5).at[0].set(2e-3)
+    args = (x, s, n, n)
+    idx = jnp.arange(n)
+    key = jax.random.PRNGKey(1)
+    for precondition in (False, True):
+        guide = UHALocalGuide(_narrow_model, K=4, precondition=precondition)
+        svi = SVI(_narrow_model, guide, optax.adam(2e-2), Trace_ELBO())
+        state = svi.init(jax.random.PRNGKey(0), *args)
+        log_w = np.asarray(guide.log_weights(key, svi.get_params(state), *args, num_samples=8,
+                                             subsample_idx=idx))
+        assert (np.all(log_w[:, 0] < -1e4)) == (not precondition), precondition
+    update = jax.jit(lambda state: svi.update(state, *args))
+    for _ in range(500):
+        state, _ = update(state)
+    params = svi.get_params(state)
+    log_w = np.asarray(guide.log_weights(key, params, *args, num_samples=64, subsample_idx=idx))
+    assert np.all(np.isfinite(log_w)) and log_w[:, 0].mean() > -20
+    assert float(params["local_scale"][0, 0]) < 0.5 * guide.init_scale  # narrowing (from 0.1)
 
 
 def _step_backoff_removed(guide):
@@ -652,7 +719,7 @@ def test_a_data_point_whose_own_step_diverges_backs_off_and_recovers():
     x = jnp.asarray(np.random.default_rng(0).normal(size=n))
     s = jnp.full(n, 0.5).at[0].set(5e-3)
     args = (x, s, n, n)
-    guide = UHALocalGuide(_narrow_model, K=4, per_data_point=True)
+    guide = UHALocalGuide(_narrow_model, K=4, per_data_point=True, precondition=False)
     svi = SVI(_narrow_model, guide, optax.adam(5e-2), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0), *args)
     key = jax.random.PRNGKey(1)

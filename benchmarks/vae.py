@@ -718,7 +718,7 @@ def train_uha(
     rng_key: jax.Array, data: VAEData, arch: Architecture, K: int, options: TrainOptions,
     init: dict | None = None, *, train_encoder: bool = False, init_step_size: float = 0.02,
     param_lr_scale: float = 1.0, max_step_size: float = UHA_MAX_STEP_SIZE,
-    precondition: bool = True,
+    precondition: bool = True, param_lr_decay: float | None = None,
 ) -> TrainResult:
     """UHA (``UHALocalGuide``, K transitions) trained with :func:`train_svi` and
     ``Trace_ELBO``, whose loss is −(N/B) Σ_i log w_i: the minibatch UHA bound.
@@ -737,23 +737,36 @@ def train_uha(
     ``max_step_size``: ε's cap (``--uha-max-step-size``; the paper's 0.05 by default).
     ``precondition``: the guide's (``--uha-precondition``; on by default: each image's
     chain steps in units of its q(z|x)'s sds, so ε's cap is relative to them; off: Σ
-    and ε in z's units, the paper's setting)."""
+    and ε in z's units, the paper's setting). ``param_lr_decay``: the guide's own
+    parameters' rate decays exponentially to this fraction of its start over the run's
+    ``options.epochs`` (``--uha-param-lr-decay``; none by default)."""
     if not (isinstance(K, int) and K >= 1):
         raise ValueError(f"K must be a positive integer, got {K!r}.")
     if not param_lr_scale > 0:
         raise ValueError(f"param_lr_scale must be positive, got {param_lr_scale!r}.")
     model, guide = make_uha_guide(arch, K, data.pixel_mean, init_step_size, max_step_size,
                                   precondition)
-    optimizer = uha_optimizer(options.lr, param_lr_scale, train_encoder)
+    num_steps = options.epochs * (int(data.train.shape[0]) // options.batch_size)
+    optimizer = uha_optimizer(options.lr, param_lr_scale, train_encoder, param_lr_decay, num_steps)
     validate = _uha_validation_bound(guide, data, options.validation_samples)
     return train_svi(rng_key, data, model, guide, options, validate, init,
                      label=f"UHA{'+enc' if train_encoder else ''} K={K}", optimizer=optimizer)
 
 
-def uha_optimizer(lr: float, param_lr_scale: float = 1.0, train_encoder: bool = False):
+def uha_optimizer(lr: float, param_lr_scale: float = 1.0, train_encoder: bool = False,
+                  param_lr_decay: float | None = None, num_steps: int | None = None):
     """The UHA rows' optimizer: Adam at ``lr`` for the decoder (and the encoder with
     ``train_encoder``; otherwise its updates are zero), at ``lr * param_lr_scale`` for the
-    guide's own parameters (ε, η, β, Σ)."""
+    guide's own parameters (ε, η, β, Σ), decaying exponentially to ``param_lr_decay``
+    times that over ``num_steps`` steps where ``param_lr_decay`` is given."""
+    guide_lr = lr * param_lr_scale
+    if param_lr_decay is not None:
+        if not (0 < param_lr_decay <= 1 and num_steps):
+            raise ValueError(
+                f"param_lr_decay must be in (0, 1] with num_steps > 0, got {param_lr_decay!r} "
+                f"and {num_steps!r}."
+            )
+        guide_lr = optax.exponential_decay(guide_lr, num_steps, param_lr_decay)
 
     def label(name):
         if name.startswith("encoder_"):
@@ -761,8 +774,7 @@ def uha_optimizer(lr: float, param_lr_scale: float = 1.0, train_encoder: bool = 
         return "adam" if name.startswith("decoder_") else "guide"
 
     return optax.multi_transform(
-        {"adam": optax.adam(lr), "guide": optax.adam(lr * param_lr_scale),
-         "frozen": optax.set_to_zero()},
+        {"adam": optax.adam(lr), "guide": optax.adam(guide_lr), "frozen": optax.set_to_zero()},
         lambda params: {k: label(k) for k in params},
     )
 
@@ -1101,7 +1113,7 @@ _BASE_DEFAULTS = dict(
     lr=1e-4, batch_size=100, hidden=450, latent_dim=64, patience=None, ais_step_size=0.06,
     ais_damping=0.8, ais_schedule="linear", ais_batch=None, seed=0, init="vae",
     methods=["vae", "iwae", "uha", "uha_enc"], uha_init_step_size=0.02, uha_param_lr_scale=1.0,
-    uha_max_step_size=UHA_MAX_STEP_SIZE, uha_precondition=True,
+    uha_max_step_size=UHA_MAX_STEP_SIZE, uha_precondition=True, uha_param_lr_decay=None,
 )
 
 
@@ -1141,6 +1153,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--uha-precondition", action=argparse.BooleanOptionalAction, default=None,
                    help="UHA rows: UHALocalGuide's precondition (default on: Σ relative to "
                         "q(z|x)'s sds; off: Σ in the latent's own units, as in the paper)")
+    p.add_argument("--uha-param-lr-decay", type=float, default=None,
+                   help="UHA rows: the guide's own parameters' rate decays exponentially to this "
+                        "fraction of its start over the run (default: constant)")
     p.add_argument("--ais-steps", type=int, default=None, help="AIS transitions (bridging densities)")
     p.add_argument("--ais-leapfrog", type=int, default=None)
     p.add_argument("--ais-step-size", type=float, default=None)
@@ -1273,7 +1288,8 @@ def main(argv=None):
             extra = ({"init_step_size": args.uha_init_step_size,
                       "param_lr_scale": args.uha_param_lr_scale,
                       "max_step_size": args.uha_max_step_size,
-                      "precondition": args.uha_precondition} if method.startswith("uha") else {})
+                      "precondition": args.uha_precondition,
+                      "param_lr_decay": args.uha_param_lr_decay} if method.startswith("uha") else {})
             result = METHODS[method].train(
                 jax.random.fold_in(method_key, 2 * K), data, arch, K, options(args.iwae_epochs), init,
                 **extra,
@@ -1301,7 +1317,10 @@ def report(args, data, arch, ais, rows, per_image, bdmc_rows, trained, complete=
         f"{args.elbo_samples} UHA log weights per image, i.e. `UHALocalGuide.log_weights`); "
         "q's ELBO: the plain ELBO of the encoder's q(z|x). UHA is the paper's row (from the "
         f"VAE, tuning the decoder, ε ≤ {args.uha_max_step_size:g} (from {args.uha_init_step_size}), η, β and Σ"
-        + (f" (these at Adam {args.lr * args.uha_param_lr_scale:g})" if args.uha_param_lr_scale != 1 else "")
+        + (f" (these at Adam {args.lr * args.uha_param_lr_scale:g}"
+           + (f", decaying exponentially to {args.uha_param_lr_decay:g} times that over the run"
+              if args.uha_param_lr_decay is not None else "") + ")"
+           if args.uha_param_lr_scale != 1 or args.uha_param_lr_decay is not None else "")
         + (" (Σ relative to q(z|x)'s sds: `precondition=True`)" if args.uha_precondition
            else " (Σ in z's units: `precondition=False`)")
         + "; "

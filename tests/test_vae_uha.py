@@ -109,3 +109,40 @@ def test_uha_initial_step_size_is_an_option():
     _, guide = V.make_uha_guide(TINY, 3, None, args.uha_init_step_size)
     assert guide.init_step_size == 0.04 and guide.max_step_size == V.UHA_MAX_STEP_SIZE == 0.05
     assert guide.frozen == frozenset(V.UHA_FROZEN)
+
+
+def test_uha_optimizer_rates_and_the_guide_rate_decay():
+    """Adam with a constant gradient moves each coordinate by its rate per step: the
+    decoder at lr, the guide's own parameters at lr × scale (decaying to lr × scale ×
+    decay over num_steps), the frozen encoder not at all."""
+    import optax
+
+    params = {"decoder_w": jnp.ones(3), "encoder_w": jnp.ones(3), "local_step_size": jnp.ones(())}
+    grads = jax.tree.map(jnp.ones_like, params)
+    lr, scale, decay, num_steps = 1e-3, 10.0, 0.01, 100
+    opt = V.uha_optimizer(lr, scale, param_lr_decay=decay, num_steps=num_steps)
+    state = opt.init(params)
+    moves = []
+    for _ in range(num_steps + 1):
+        updates, state = opt.update(grads, state, params)
+        moves.append({k: float(jnp.max(jnp.abs(v))) for k, v in updates.items()})
+    for step in (0, 50, 100):
+        np.testing.assert_allclose(moves[step]["decoder_w"], lr, rtol=1e-3)
+        np.testing.assert_allclose(
+            moves[step]["local_step_size"], lr * scale * decay ** (step / num_steps), rtol=1e-3
+        )
+        assert moves[step]["encoder_w"] == 0.0
+    constant = V.uha_optimizer(lr, scale)
+    updates, _ = constant.update(grads, constant.init(params), params)
+    np.testing.assert_allclose(float(updates["local_step_size"]), -lr * scale, rtol=1e-3)
+    with pytest.raises(ValueError, match="param_lr_decay"):
+        V.uha_optimizer(lr, scale, param_lr_decay=0.0, num_steps=10)
+
+
+def test_uha_precondition_and_decay_are_options():
+    args = V.resolve_args(["--quick"])
+    assert args.uha_precondition is True and args.uha_param_lr_decay is None
+    args = V.resolve_args(["--quick", "--no-uha-precondition", "--uha-param-lr-decay", "0.1"])
+    assert args.uha_precondition is False and args.uha_param_lr_decay == 0.1
+    assert V.make_uha_guide(TINY, 3)[1].precondition is True
+    assert V.make_uha_guide(TINY, 3, precondition=False)[1].precondition is False

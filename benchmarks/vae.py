@@ -663,7 +663,7 @@ UHA_MAX_STEP_SIZE = 0.05
 
 
 def make_uha_guide(arch: Architecture, K: int, pixel_mean=None, init_step_size: float = 0.02,
-                   max_step_size: float = UHA_MAX_STEP_SIZE, precondition: bool = True):
+                   max_step_size: float = UHA_MAX_STEP_SIZE, precondition: bool = False):
     """``(model, guide)``: :func:`make_vae_model` and ``UHALocalGuide`` on it with the
     encoder of :func:`make_encoder`, K transitions, ε ≤ ``max_step_size`` (the paper's
     :data:`UHA_MAX_STEP_SIZE` by default), the groups :data:`UHA_FROZEN` frozen, ε
@@ -718,7 +718,7 @@ def train_uha(
     rng_key: jax.Array, data: VAEData, arch: Architecture, K: int, options: TrainOptions,
     init: dict | None = None, *, train_encoder: bool = False, init_step_size: float = 0.02,
     param_lr_scale: float = 1.0, max_step_size: float = UHA_MAX_STEP_SIZE,
-    precondition: bool = True, param_lr_decay: float | None = None,
+    precondition: bool = False, param_lr_decay: float | None = None,
 ) -> TrainResult:
     """UHA (``UHALocalGuide``, K transitions) trained with :func:`train_svi` and
     ``Trace_ELBO``, whose loss is −(N/B) Σ_i log w_i: the minibatch UHA bound.
@@ -735,9 +735,9 @@ def train_uha(
     ``decoder_*`` weight) are stepped by Adam at ``options.lr * param_lr_scale``
     (``--uha-param-lr-scale``; 1, the paper's single rate, by default).
     ``max_step_size``: ε's cap (``--uha-max-step-size``; the paper's 0.05 by default).
-    ``precondition``: the guide's (``--uha-precondition``; on by default: each image's
-    chain steps in units of its q(z|x)'s sds, so ε's cap is relative to them; off: Σ
-    and ε in z's units, the paper's setting). ``param_lr_decay``: the guide's own
+    ``precondition``: the guide's (``--uha-precondition``; off by default, as in the
+    paper: Σ and ε in z's units; on: each image's chain steps in units of its q(z|x)'s
+    sds, so ε's cap is relative to them). ``param_lr_decay``: the guide's own
     parameters' rate decays exponentially to this fraction of its start over the run's
     ``options.epochs`` (``--uha-param-lr-decay``; none by default)."""
     if not (isinstance(K, int) and K >= 1):
@@ -1113,7 +1113,7 @@ _BASE_DEFAULTS = dict(
     lr=1e-4, batch_size=100, hidden=450, latent_dim=64, patience=None, ais_step_size=0.06,
     ais_damping=0.8, ais_schedule="linear", ais_batch=None, seed=0, init="vae",
     methods=["vae", "iwae", "uha", "uha_enc"], uha_init_step_size=0.02, uha_param_lr_scale=1.0,
-    uha_max_step_size=UHA_MAX_STEP_SIZE, uha_precondition=True, uha_param_lr_decay=None,
+    uha_max_step_size=UHA_MAX_STEP_SIZE, uha_precondition=False, uha_param_lr_decay=None,
 )
 
 
@@ -1151,8 +1151,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--uha-max-step-size", type=float, default=None,
                    help=f"UHA rows: ε's cap (default {UHA_MAX_STEP_SIZE}, the paper's; an ablation otherwise)")
     p.add_argument("--uha-precondition", action=argparse.BooleanOptionalAction, default=None,
-                   help="UHA rows: UHALocalGuide's precondition (default on: Σ relative to "
-                        "q(z|x)'s sds; off: Σ in the latent's own units, as in the paper)")
+                   help="UHA rows: UHALocalGuide(precondition=True), Σ relative to q(z|x)'s sds "
+                        "(default off: Σ and ε in z's units, as in the paper and the guide's default)")
     p.add_argument("--uha-param-lr-decay", type=float, default=None,
                    help="UHA rows: the guide's own parameters' rate decays exponentially to this "
                         "fraction of its start over the run (default: constant)")

@@ -163,11 +163,10 @@ class UHALocalGuide(AutoGuide):
             coordinates (z − μ_i) / σ_i: the momentum scales are Σ's (shared or per data
             point) divided by q_i's sds, which is the same as the chain on the standardized
             target, so ε, its cap ``max_step_size`` and Σ are in units of each q_i's sds.
-            Data points whose posteriors differ in scale (an image that pins its latents
-            down and one that does not; a group with many observations and one with few)
-            then all take steps their own size; ``UHAGuide`` does the same for its one q
-            (its Σ starts at q's sds). ``False``: ε and Σ in the latents' own
-            (unconstrained) units for every data point, as in the paper's VAEs.
+            Off by default (ε and Σ in the latents' own unconstrained units for every data
+            point, as in the paper's VAEs): measured, it helped a VAE a little and hurt a
+            Poisson mixed model with groups of very different sizes (see
+            docs/how-to/local-latents.md).
         prefix: prefix of the guide's ``numpyro.param`` names.
         init_scale: initial sd of q_i (without an encoder).
         init_step_size: initial ε, in (0, ``max_step_size``).
@@ -202,7 +201,7 @@ class UHALocalGuide(AutoGuide):
         global_guide=None,
         subsample_plate: str | None = None,
         per_data_point: bool = False,
-        precondition: bool = True,
+        precondition: bool = False,
         prefix: str = "local",
         init_scale: float = 0.1,
         init_step_size: float = 0.02,

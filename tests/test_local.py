@@ -579,7 +579,7 @@ def _narrow_setup(s0):
 
 def test_preconditioned_steps_follow_each_data_points_q():
     """The divergence tests' set-up (data point 0's posterior sd 0.002, the others' 0.5,
-    ε = 0.02) with the default precondition=True: each chain steps in units of its own
+    ε = 0.02) with precondition=True: each chain steps in units of its own
     q_i's sd, so data point 0's chain runs (not preconditioned, it diverges: the tests
     below), and trains: its q narrows, every chain finite and its bound near log p(x_0)."""
     n = 8

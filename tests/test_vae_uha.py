@@ -141,8 +141,8 @@ def test_uha_optimizer_rates_and_the_guide_rate_decay():
 
 def test_uha_precondition_and_decay_are_options():
     args = V.resolve_args(["--quick"])
-    assert args.uha_precondition is True and args.uha_param_lr_decay is None
-    args = V.resolve_args(["--quick", "--no-uha-precondition", "--uha-param-lr-decay", "0.1"])
-    assert args.uha_precondition is False and args.uha_param_lr_decay == 0.1
-    assert V.make_uha_guide(TINY, 3)[1].precondition is True
-    assert V.make_uha_guide(TINY, 3, precondition=False)[1].precondition is False
+    assert args.uha_precondition is False and args.uha_param_lr_decay is None
+    args = V.resolve_args(["--quick", "--uha-precondition", "--uha-param-lr-decay", "0.1"])
+    assert args.uha_precondition is True and args.uha_param_lr_decay == 0.1
+    assert V.make_uha_guide(TINY, 3)[1].precondition is False
+    assert V.make_uha_guide(TINY, 3, precondition=True)[1].precondition is True

@@ -434,9 +434,7 @@ class UHALocalGuide(AutoGuide):
         return values
 
     def _make_global_guide(self):
-        hidden = handlers.block(
-            self.model, hide=list(self._local_sites) + list(self._observed_sites)
-        )
+        hidden = _Hidden(self.model, list(self._local_sites) + list(self._observed_sites))
         choice = self._global_guide_arg
         if choice is None:
             return AutoNormal(hidden, prefix=f"{self.prefix}_global")
@@ -990,6 +988,19 @@ class UHALocalGuide(AutoGuide):
         state = dict(self.__dict__)
         state["_jitted"] = {}  # compiled programs do not pickle; rebuilt on first use
         return state
+
+
+class _Hidden:
+    """``model`` with the sites ``names`` hidden: ``handlers.block(model, hide=names)``,
+    but picklable (NumPyro's ``block`` keeps a lambda), so a guide holding it pickles."""
+
+    def __init__(self, model, names):
+        self.model = model
+        self.names = list(names)
+
+    def __call__(self, *args, **kwargs):
+        with handlers.block(hide=self.names):
+            return self.model(*args, **kwargs)
 
 
 def _refuse_uha_global_guide(guide):

@@ -740,3 +740,23 @@ def test_a_data_point_whose_own_step_diverges_backs_off_and_recovers():
         "local_momentum_scale"][0, 0]
     assert float(step) < 2 * 5e-3
     assert float(params["local_scale"][0, 0]) < 0.5 * float(start["local_scale"][0, 0])
+
+
+def test_a_fitted_guide_with_global_latents_pickles_and_draws_the_same():
+    """The global guide is fit on the model with the plate's sites hidden; that hidden
+    model must pickle (NumPyro's ``block`` keeps a lambda), and the unpickled guide draws
+    exactly what the original draws."""
+    import pickle
+
+    guide = UHALocalGuide(conjugate_model, K=3)
+    args = (X, N, 6)
+    svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())
+    result = svi.run(jax.random.PRNGKey(0), 20, *args, progress_bar=False)
+    idx = jnp.arange(6)
+    key = jax.random.PRNGKey(4)
+    before = guide.sample_posterior(key, result.params, *args, sample_shape=(5,), subsample_idx=idx)
+    copy = pickle.loads(pickle.dumps(guide))
+    after = copy.sample_posterior(key, result.params, *args, sample_shape=(5,), subsample_idx=idx)
+    assert set(before) == set(after) >= {"mu", "z"}
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name], err_msg=name)

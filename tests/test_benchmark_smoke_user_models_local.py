@@ -1,0 +1,12 @@
+"""Smoke run of `python -m benchmarks.user_models_local --smoke` (see benchmark_smoke.py)."""
+
+import json
+
+from benchmark_smoke import run_smoke
+
+
+def test_user_models_local_smoke(tmp_path):
+    run_smoke("user_models_local", tmp_path)
+    rows = json.loads((tmp_path / "smoke.json").read_text())["rows"]
+    assert [r["guide"] for r in rows] == ["AutoNormal", "UHALocalGuide(K=8)"]
+    assert all(r["predictive_ok"] and r["elbo"] == r["elbo"] for r in rows)

@@ -2,9 +2,14 @@
 
 import json
 
+import pytest
+
 from benchmark_smoke import run_smoke
 
 
+# Marked slow (14 s on 2 cores) to keep the default suite near 10 minutes; run with
+# `pytest -m slow`.
+@pytest.mark.slow
 def test_user_models_local_smoke(tmp_path):
     run_smoke("user_models_local", tmp_path)
     rows = json.loads((tmp_path / "smoke.json").read_text())["rows"]

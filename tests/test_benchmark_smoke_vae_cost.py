@@ -2,9 +2,14 @@
 
 import json
 
+import pytest
+
 from benchmark_smoke import run_smoke
 
 
+# Marked slow (16 s on 2 cores: it compiles the unrolled training steps) to keep the
+# default suite near 10 minutes; run with `pytest -m slow`.
+@pytest.mark.slow
 def test_vae_cost_smoke(tmp_path):
     run_smoke("vae_cost", tmp_path)
     rows = json.loads((tmp_path / "smoke.json").read_text())["rows"]

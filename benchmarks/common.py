@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 import jax
+import numpy as np
 import optax
 from numpyro.infer import SVI, Trace_ELBO
 
@@ -50,6 +51,25 @@ def model_logdensity(model, model_args):
     layout every AutoContinuous guide uses), from a probe UHAGuide's initialization."""
     probe, params = probe_guide(model, model_args)
     return probe.get_logdensity_fn(params, *model_args)
+
+
+def minibatch_bound(model, guide, params, model_args, num_batches: int, first_seed: int):
+    """The full-data bound at ``params`` of a model with a subsampled plate: −loss of
+    ``Trace_ELBO`` on ``num_batches`` fresh minibatches (keys ``first_seed``,
+    ``first_seed + 1``, ...), as ``(mean, standard error)``. Jitted once: run eagerly,
+    NumPyro's subsampling compiles a fresh scan at every call."""
+    loss = jax.jit(lambda key, p: Trace_ELBO().loss(key, p, model, guide, *model_args))
+    bounds = -np.asarray([
+        float(loss(jax.random.PRNGKey(first_seed + k), params)) for k in range(num_batches)
+    ])
+    return float(bounds.mean()), float(bounds.std(ddof=1) / np.sqrt(num_batches))
+
+
+def xla_cost(compiled) -> dict:
+    """XLA's cost analysis of a compiled program (``flops``, ``bytes accessed``, ...);
+    older jax returns one dict per device program, of which the first is taken."""
+    cost = compiled.cost_analysis()
+    return cost[0] if isinstance(cost, (list, tuple)) else cost
 
 
 def summarize(log_weights, num_transitions=None):

@@ -24,7 +24,7 @@ import optax
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoDAIS
 
-from benchmarks.common import write_results
+from benchmarks.common import write_results, xla_cost
 from numpyro_uha import UHAGuide
 from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
 
@@ -46,8 +46,7 @@ def analyse(guide, X, y, num_particles):
     svi = SVI(logistic_regression_model, guide, optax.adam(1e-3), Trace_ELBO(num_particles=num_particles))
     state = svi.init(jax.random.PRNGKey(0), X, y)
     compiled = jax.jit(svi.update).lower(state, X, y).compile()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
+    cost = xla_cost(compiled)
     text = compiled.as_text()
     comps = _computations(text)
     loops = []

@@ -29,7 +29,7 @@ import numpyro.distributions as dist
 import optax
 from numpyro.infer import SVI, Trace_ELBO
 
-from benchmarks.common import write_results
+from benchmarks.common import minibatch_bound, write_results
 from numpyro_uha import UHALocalGuide
 
 
@@ -60,17 +60,13 @@ def fit(data, batch, steps, precondition, init_scale, K=8, eval_batches=100, see
     start = time.perf_counter()
     result = svi.run(jax.random.PRNGKey(seed), steps, *data, batch, progress_bar=False)
     losses = np.asarray(result.losses)
-    elbo = Trace_ELBO()
-    finals = np.asarray([
-        float(elbo.loss(jax.random.PRNGKey(1000 + k), result.params, model, guide, *data, batch))
-        for k in range(eval_batches)
-    ])
+    bound, bound_se = minibatch_bound(model, guide, result.params, (*data, batch), eval_batches, 1000)
     finite = np.isfinite(losses)
     return {
         "precondition": precondition,
         "init_scale": init_scale,
-        "elbo": float(-finals.mean()),
-        "elbo_se": float(finals.std(ddof=1) / np.sqrt(len(finals))),
+        "elbo": bound,
+        "elbo_se": bound_se,
         "last_losses": float(np.mean(losses[-200:][finite[-200:]])),
         "nonfinite_steps": int(np.sum(~finite)),
         "step_size": float(result.params["local_step_size"]),

@@ -36,7 +36,7 @@ import optax
 from numpyro.infer import SVI, Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
-from benchmarks.common import write_results
+from benchmarks.common import minibatch_bound, write_results
 from numpyro_uha import UHALocalGuide
 
 
@@ -99,17 +99,13 @@ def run_one(model, args, guide, steps, eval_batches) -> dict:
     result = svi.run(jax.random.PRNGKey(0), steps, *args, progress_bar=False)
     seconds = time.perf_counter() - start
     losses = np.asarray(result.losses)
-    # jitted: run eagerly, NumPyro's subsampling compiles a fresh scan at every call
-    loss = jax.jit(lambda key, params: Trace_ELBO().loss(key, params, model, guide, *args))
-    finals = np.asarray([
-        float(loss(jax.random.PRNGKey(100 + k), result.params)) for k in range(eval_batches)
-    ])
+    bound, bound_se = minibatch_bound(model, guide, result.params, args, eval_batches, 100)
     predictive = Predictive(model, guide=guide, params=result.params, num_samples=4)
     predicted = predictive(jax.random.PRNGKey(3), *args)
     pickle.loads(pickle.dumps(guide))  # raises if the fitted guide does not pickle
     return {
-        "elbo": float(-finals.mean()),
-        "elbo_se": float(finals.std(ddof=1) / np.sqrt(len(finals))),
+        "elbo": bound,
+        "elbo_se": bound_se,
         "nonfinite_steps": int(np.sum(~np.isfinite(losses))),
         "predictive_ok": bool(np.all(np.isfinite(np.asarray(predicted["y"], float)))),
         "seconds": seconds,

@@ -36,7 +36,7 @@ import optax
 from numpyro.infer import SVI, Trace_ELBO
 
 from benchmarks import vae as V
-from benchmarks.common import write_results
+from benchmarks.common import write_results, xla_cost
 
 
 @contextlib.contextmanager
@@ -58,10 +58,7 @@ def _unrolled_scans():
 
 def _flops(fn, *args) -> float:
     """XLA's flop count of ``jax.jit(fn)`` on ``args`` (call it with the scans unrolled)."""
-    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # older jax: one dict per device program
-        analysis = analysis[0]
-    return float(analysis["flops"])
+    return float(xla_cost(jax.jit(fn).lower(*args).compile())["flops"])
 
 
 def _median_step_seconds(steps: dict, states: dict, x, blocks: int, per_block: int) -> dict:

@@ -51,6 +51,20 @@ def perturbed_params(model, guide, seed=0, *args):
     return params
 
 
+def _all_rows(guide, params, args, key):
+    """One draw of every data point's chain with ``key`` (no subsampling: args' batch is
+    N), and what a single-chain run of row i needs: ``(draws, log_w, keys, annealing)``
+    with ``keys[i]`` row i's key and ``annealing`` the rows' parameters."""
+    idx = jnp.arange(N)
+    draws, log_w = guide._draws(key, params, args, {}, (), idx)
+    # the guide's first random key is the rows' key (no global, no subsample draw)
+    draw_key = jax.random.split(key, 1)[0]
+    rows_key = handlers.seed(lambda: numpyro.prng_key(), draw_key)()
+    keys = jax.random.split(rows_key, N)
+    annealing = guide.get_annealing_params(params, *args, subsample_idx=idx)
+    return draws, log_w, keys, annealing
+
+
 def test_each_data_point_chain_is_the_single_chain_with_its_key():
     """Data point i's chain inside the guide is core.annealed_sample with key i on
     log p(x_i, z_i | mu) alone (written here per point, independently of the model)."""
@@ -59,14 +73,7 @@ def test_each_data_point_chain_is_the_single_chain_with_its_key():
     guide = UHALocalGuide(model, K=5, integrator="velocity_verlet", precondition=False)
     args = (X, N, N)
     params = perturbed_params(model, guide, 0, *args)
-    idx = jnp.arange(N)
-    key = jax.random.PRNGKey(7)
-    draws, log_w = guide._draws(key, params, args, {}, (), idx)
-    # the guide's first random key is the rows' key (no global, no subsample draw)
-    draw_key = jax.random.split(key, 1)[0]
-    rows_key = handlers.seed(lambda: numpyro.prng_key(), draw_key)()
-    keys = jax.random.split(rows_key, N)
-    annealing = guide.get_annealing_params(params, *args, subsample_idx=idx)
+    draws, log_w, keys, annealing = _all_rows(guide, params, args, jax.random.PRNGKey(7))
     for i in [0, 5, 17]:
         def single(z, i=i):
             return (
@@ -91,13 +98,7 @@ def test_a_preconditioned_chain_is_the_chain_in_q_standardized_coordinates():
     # q's sds far from 1 and Σ's not 1, so Σ / σ_i differs from Σ, Σ σ_i and σ_i
     params["local_scale"] = jnp.asarray(np.random.default_rng(5).uniform(0.2, 3.0, (N, 1)))
     params["local_momentum_scale"] = jnp.asarray([0.7])
-    idx = jnp.arange(N)
-    key = jax.random.PRNGKey(7)
-    draws, log_w = guide._draws(key, params, args, {}, (), idx)
-    draw_key = jax.random.split(key, 1)[0]
-    rows_key = handlers.seed(lambda: numpyro.prng_key(), draw_key)()
-    keys = jax.random.split(rows_key, N)
-    annealing = guide.get_annealing_params(params, *args, subsample_idx=idx)
+    draws, log_w, keys, annealing = _all_rows(guide, params, args, jax.random.PRNGKey(7))
     for i in [0, 5, 17]:
         loc, scale = annealing.loc[i], annealing.scale[i]
 

@@ -33,6 +33,7 @@ weights as ``numpyro.param`` sites of the model.
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -68,7 +69,12 @@ from numpyro_uha.guide import (
     _check_frozen,
     _check_int,
     _check_step_sizes,
+    _chunk_bucket,
+    _chunkable,
+    _draw_keys,
     _jit_once,
+    _join,
+    _key_chunk,
     _merge_static,
     _real,
     _split_static,
@@ -407,9 +413,14 @@ class UHALocalGuide(AutoGuide):
                 )
 
     def _sizes(self, args, kwargs):
-        """The plate's (size, subsample size) in this call (the data may change size)."""
+        """The plate's (size, subsample size) in this call (the data may change size).
+
+        Every plate's indices are substituted (the first ones): NumPyro's own subsampling,
+        run eagerly, compiles a new program at every call."""
         with handlers.block():
-            trace = handlers.trace(handlers.seed(self.model, 0)).get_trace(*args, **kwargs)
+            trace = handlers.trace(
+                handlers.seed(handlers.substitute(self.model, substitute_fn=_first_indices), 0)
+            ).get_trace(*args, **kwargs)
         if self._plate_name not in trace:
             raise ValueError(
                 f"UHALocalGuide: the model no longer has the plate '{self._plate_name}'."
@@ -953,11 +964,33 @@ class UHALocalGuide(AutoGuide):
         sample_shape = tuple(sample_shape)
         num = max(int(np.prod(sample_shape, dtype=int)), 1)
         arrays, spec = _split_static((args, kwargs))
-        # one compiled program per argument structure and count (chunked by lax.map)
-        draws, log_w = _jit_once(
-            self._jitted, self._draws_impl, spec, num=num, corrected=corrected,
-            rows=idx.shape[0],
-        )(rng_key, params, idx, arrays, fixed_globals)
+        rows = idx.shape[0]
+        cap = max(1, DRAW_ROWS // max(rows, 1))  # chains (draws × data points) at once
+        program = partial(
+            _jit_once, self._jitted, self._draws_impl, spec, corrected=corrected, rows=rows
+        )
+        if _chunkable(rng_key, num, (params, idx, fixed_globals), arrays):
+            # Concrete: the draws run in chunks of a fixed width (2^k or 3 · 2^(k-1), at
+            # least 64, at most `cap`), one compiled program per width, so another
+            # sample_shape or num_samples reuses it; the last chunk is padded with extra
+            # keys, computed and dropped. Key i is split's key i whatever the width.
+            width = min(cap, _chunk_bucket(num))
+            num_chunks = -(-num // width)
+            keys = _draw_keys(rng_key, num, num_chunks * width)
+            draw = program(num=width, chunk=width)
+            chunks = [
+                draw(keys if num_chunks == 1 else _key_chunk(keys, i * width, width),
+                     params, idx, arrays, fixed_globals)
+                for i in range(num_chunks)
+            ]
+            draws, log_w = chunks[0] if num_chunks * width == num else _join(chunks, num)
+        else:
+            # Traced (under an outer jit or vmap): one program for this count, in chunks
+            # of at most `cap` chains by lax.map
+            keys = jax.random.split(rng_key, num)
+            draws, log_w = program(num=num, chunk=min(num, cap))(
+                keys, params, idx, arrays, fixed_globals
+            )
         if not sample_shape:
             return jax.tree.map(lambda x: x[0], draws), log_w[0]
         return (
@@ -966,7 +999,7 @@ class UHALocalGuide(AutoGuide):
         )
 
     def _draws_impl(
-        self, rng_key, params, idx, arrays, fixed_globals, *, spec, num, corrected, rows
+        self, keys, params, idx, arrays, fixed_globals, *, spec, num, chunk, corrected, rows
     ):
         args, kwargs = _merge_static(arrays, spec)
 
@@ -979,15 +1012,21 @@ class UHALocalGuide(AutoGuide):
                     handlers.seed(body, key), data={**params, self._plate_name: idx}
                 )(*args, **kwargs)
 
-        keys = jax.random.split(rng_key, num)
-        # draws in chunks of at most DRAW_ROWS chains (draws × data points) at once
-        chunk = max(1, min(num, DRAW_ROWS // max(rows, 1)))
         return jax.lax.map(one, keys, batch_size=chunk)
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_jitted"] = {}  # compiled programs do not pickle; rebuilt on first use
         return state
+
+
+def _first_indices(msg):
+    """For :func:`numpyro.handlers.substitute`: a subsampled plate's first indices
+    instead of a random subsample (other sites: not substituted)."""
+    if msg["type"] != "plate":
+        return None
+    size, subsample_size = msg["args"][:2]
+    return jnp.arange(size if subsample_size is None else subsample_size)
 
 
 class _Hidden:

@@ -31,6 +31,11 @@ are not jitted and retrace on every call. The posterior draws ``sandwich`` and
 draws, so the upper bounds mean nothing here). Every time is wall-clock seconds in one
 process, on a machine that may be shared: the ratios are what matters.
 
+``UHALocalGuide`` (one chain per data point of a minibatch) gets the same for its
+``sample_posterior`` and ``log_z`` on the local-latent models of
+``benchmarks.user_models_local`` (the first ``B`` data points, every global latent fixed
+at its posterior mean for ``log_z``), beside ``AutoNormal.sample_posterior`` there.
+
     python -m benchmarks.compile_once               # hierarchical_logistic, gp_rbf, lkj_mvn
     python -m benchmarks.compile_once --smoke       # tiny sizes, for the test suite
 """
@@ -43,14 +48,16 @@ import statistics
 import time
 
 import jax
+import numpy as np
 import optax
 from jax import monitoring
 from numpyro.infer import SVI, Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from benchmarks.common import write_results
+from benchmarks.user_models_local import MODELS as LOCAL_MODELS
 from benchmarks.zoo_models import ZOO
-from numpyro_uha import UHAGuide
+from numpyro_uha import UHAGuide, UHALocalGuide
 from numpyro_uha.guide import _chunk_bucket
 from numpyro_uha.evaluation import (
     annealed_hais,
@@ -205,9 +212,50 @@ def measure(name, args):
     return {"latent_dim": int(guide.latent_dim), "rows": rows}
 
 
+def measure_local(name, args):
+    """First, second and new-shape calls of UHALocalGuide's sample_posterior and log_z on
+    a minibatch of one of ``benchmarks.user_models_local``'s models."""
+    model, make_data, batch = LOCAL_MODELS[name]
+    model_args = make_data(np.random.default_rng(0)) + (batch,)
+    n, n_new = args.num_draws, args.new_num_draws
+    guide = UHALocalGuide(model, K=args.K)
+    svi = SVI(model, guide, optax.adam(args.learning_rate), Trace_ELBO())
+    params = svi.run(jax.random.PRNGKey(0), args.steps, *model_args, progress_bar=False).params
+    normal = AutoNormal(model)
+    svi = SVI(model, normal, optax.adam(args.learning_rate), Trace_ELBO())
+    normal_params = svi.run(jax.random.PRNGKey(0), args.steps, *model_args, progress_bar=False).params
+    idx = np.arange(batch)
+    key = jax.random.PRNGKey(1)
+    draws = _fresh(guide).sample_posterior(key, params, *model_args, sample_shape=(100,),
+                                           subsample_idx=idx)
+    globals_ = {site: draws[site].mean(0) for site in guide._global_latents}
+
+    def sample_posterior(g, m):
+        return lambda: g.sample_posterior(key, params, *model_args, sample_shape=(m,),
+                                          subsample_idx=idx)
+
+    def log_z_call(g, m):
+        return lambda: g.log_z(key, params, *model_args, num_samples=m, subsample_idx=idx,
+                               global_values=globals_).log_z
+
+    def normal_call(m):
+        return lambda: normal.sample_posterior(key, normal_params, *model_args, sample_shape=(m,))
+
+    g = _fresh(guide)
+    rows = {"UHALocalGuide sample_posterior": _time_calls(
+        sample_posterior(g, n), sample_posterior(g, n_new), args.repeats)}
+    g = _fresh(guide)
+    rows["UHALocalGuide log_z"] = _time_calls(log_z_call(g, n), log_z_call(g, n_new), args.repeats)
+    rows["AutoNormal sample_posterior"] = _time_calls(normal_call(n), normal_call(n_new), args.repeats)
+    return {"latent_dim": f"{guide.latent_dim} per data point, B = {batch}", "rows": rows}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--models", nargs="+", default=["hierarchical_logistic", "gp_rbf", "lkj_mvn"])
+    parser.add_argument("--models", nargs="*", default=["hierarchical_logistic", "gp_rbf", "lkj_mvn"])
+    parser.add_argument("--local-models", nargs="*", default=["gamma_frailty", "random_slopes"],
+                        choices=list(LOCAL_MODELS), help="UHALocalGuide rows (K = --local-K)")
+    parser.add_argument("--local-K", type=int, default=8)
     parser.add_argument("--K", type=int, default=32)
     parser.add_argument("--steps", type=int, default=200, help="SVI steps (compile time, not quality)")
     parser.add_argument("--warm-start-steps", type=int, default=200)
@@ -227,6 +275,7 @@ def main(argv=None):
         args.models, args.K, args.steps, args.warm_start_steps = ["gp_rbf"], 2, 5, 10
         args.num_draws, args.new_num_draws, args.q_draws_per_draw = 40, 30, 2
         args.bracket_batch_size, args.repeats = 64, 1
+        args.local_models, args.local_K = ["t_scale_mixture"], 2
 
     for n, n_new in [(args.num_draws, args.new_num_draws),
                      (args.num_draws // 2, args.new_num_draws // 2)]:  # the bracket's halves
@@ -238,6 +287,11 @@ def main(argv=None):
     for name in args.models:
         results[name] = measure(name, args)
         print(name, {f: round(r["ratio"], 1) for f, r in results[name]["rows"].items()}, flush=True)
+    local_results = {}
+    for name in args.local_models:
+        local_results[name] = measure_local(name, argparse.Namespace(**{**vars(args), "K": args.local_K}))
+        print(name, {f: round(r["ratio"], 1) for f, r in local_results[name]["rows"].items()},
+              flush=True)
 
     table = (
         f"UHAGuide(K = {args.K}) after {args.warm_start_steps} warm-start and {args.steps} SVI steps "
@@ -250,19 +304,23 @@ def main(argv=None):
         "hais and sandwich with the guide's sample_batch_size. Seconds, wall clock; in brackets "
         "the XLA compilations the call ran (second: the most over the repeats). *Per-call jit*: "
         "the functional layer on guide.get_logdensity_fn, the guide-level path before this "
-        "change (the same estimates).\n\n"
+        "change (the same estimates). UHALocalGuide rows (K = "
+        f"{args.local_K}, {args.steps} SVI steps, models of benchmarks.user_models_local): "
+        "draws and log Z of the first B data points (log Z given the globals' posterior "
+        "means), d its local dimension.\n\n"
         "| model | d | function | first (s) | second (s) | first / second (target ≥ 10) | new shape (s) |\n"
         "|---|---|---|---|---|---|---|\n"
     )
-    for name, result in results.items():
-        for function in FUNCTIONS:
-            row = result["rows"][function]
+    for name, result in [*results.items(), *local_results.items()]:
+        for function, row in result["rows"].items():
             table += (
                 f"| {name} | {result['latent_dim']} | {function} | {row['first_s']:.3f} "
                 f"({row['first_compiles']}) | {row['second_s']:.4f} ({row['second_compiles']}) | "
                 f"{row['ratio']:.0f} | {row['new_shape_s']:.4f} ({row['new_shape_compiles']}) |\n"
             )
-    path = write_results(args.name, {"settings": vars(args), "results": results}, table)
+    path = write_results(
+        args.name, {"settings": vars(args), "results": results, "local": local_results}, table
+    )
     print(f"wrote {path}")
     return results
 

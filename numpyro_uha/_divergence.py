@@ -176,10 +176,13 @@ class LocalDivergenceRecord(DivergenceRecord):
             f"UHALocalGuide: some data points' chains diverged during training (found "
             f"{where}): their log weight was not finite, or a leapfrog step's energy error "
             f"exceeded {DIVERGENCE_ENERGY:g} nats. Those chains were skipped (no gradient "
-            "from them) and training went on; they show as spikes in the losses. "
-            "Occasional spikes are harmless; frequent ones mean a step size too large for some data points' "
+            "through them; their q_i got the gradient of their plain ELBO term) and "
+            "training went on; they show as spikes in the losses. Occasional spikes are "
+            "harmless; frequent ones mean a step size too large for some data points' "
             "posteriors: use a smaller max_step_size or learning rate for the annealing "
-            "parameters."
+            "parameters. A log density that is not finite at every draw (NaN or inf in "
+            "the data) shows the same way: the draw methods (sample_posterior, log_z) check "
+            "the minibatch's data and name such data points."
         )
 
 

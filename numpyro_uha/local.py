@@ -56,6 +56,7 @@ from numpyro_uha.core import (
     uha_sample_rows,
 )
 from numpyro_uha._divergence import (
+    DIVERGENCE_ENERGY,
     LatchConstraint,
     LocalDivergenceRecord,
     check_latch,
@@ -65,6 +66,7 @@ from numpyro_uha._divergence import (
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import (
     GROUPS,
+    UHADivergenceWarning,
     UHAGuide,
     _check_frozen,
     _check_int,
@@ -339,6 +341,7 @@ class UHALocalGuide(AutoGuide):
                           for n in self._local_sites})
         self._init_loc_row = jnp.where(jnp.isfinite(row), row, 0.0).mean(0).astype(dtype)
         self._check_no_batch_sized_globals(trace, global_latents, size, subsample_size)
+        self._check_finite_data(trace, trace[name]["value"])
         if self._global_latents:
             self.global_guide = self._make_global_guide()
         self._init_values = self._initial_values(dtype)
@@ -393,8 +396,8 @@ class UHALocalGuide(AutoGuide):
             site = trace[n]
             batch = tuple(site["fn"].batch_shape)
             pos = len(batch) + self._plate_dim
-            if pos < 0:
-                continue
+            if pos < 0 or any(f.dim == self._plate_dim for f in site["cond_indep_stack"]):
+                continue  # no such axis, or it is another plate's (a vector of globals)
             if subsample_size < size and batch[pos] == subsample_size:
                 raise ValueError(
                     f"UHALocalGuide: latent site '{n}' has the minibatch's size "
@@ -412,6 +415,40 @@ class UHALocalGuide(AutoGuide):
                     stacklevel=4,
                 )
 
+    def _check_finite_data(self, trace, idx):
+        """A clear error where an observed site of the plate has a NaN or inf value
+        (not masked out) for a data point of this minibatch: its chain's target is not
+        finite anywhere. Concrete values only (traced ones, inside jit, cannot be)."""
+        for n in self._observed_sites:
+            site = trace.get(n)
+            value = None if site is None else site["value"]
+            if (
+                site is None or site.get("infer", {}).get("is_auxiliary", False)
+                or isinstance(value, jax.core.Tracer)
+                or not jnp.issubdtype(jnp.result_type(value), jnp.inexact)
+            ):
+                continue
+            bad = ~np.isfinite(np.asarray(value))
+            event_dim = site["fn"].event_dim
+            if event_dim:
+                bad = bad.any(axis=tuple(range(-event_dim, 0)))
+            mask = site.get("mask")
+            if mask is not None and not isinstance(mask, jax.core.Tracer):
+                bad = bad & np.broadcast_to(np.asarray(mask), bad.shape)
+            if not bad.any():
+                continue
+            axis = bad.ndim + self._plate_dim
+            rows = bad.any(axis=tuple(a for a in range(bad.ndim) if a != axis)) if axis >= 0 \
+                else np.ones(1, bool)
+            points = np.asarray(idx)[np.flatnonzero(rows)] if rows.size == np.size(idx) else []
+            raise ValueError(
+                f"UHALocalGuide: the observed site '{n}' has NaN or inf values for data "
+                f"point(s) {list(map(int, points[:10]))}{' ...' if len(points) > 10 else ''} "
+                f"of the plate '{self._plate_name}': their log density is not finite at any "
+                "latent value. Drop those data points, or replace the values by finite ones "
+                "and mask them out (numpyro.handlers.mask or obs_mask)."
+            )
+
     def _sizes(self, args, kwargs):
         """The plate's (size, subsample size) in this call (the data may change size).
 
@@ -424,6 +461,19 @@ class UHALocalGuide(AutoGuide):
         if self._plate_name not in trace:
             raise ValueError(
                 f"UHALocalGuide: the model no longer has the plate '{self._plate_name}'."
+            )
+        unobserved = [
+            n for n in self._observed_sites if n not in trace or not trace[n]["is_observed"]
+        ]
+        if unobserved:
+            raise ValueError(
+                f"UHALocalGuide: site(s) {unobserved} of the plate '{self._plate_name}' were "
+                "observed when the guide was set up but are not observed in this call (obs "
+                "None?). Each data point's chain targets p(x_i, z_i), so the guide needs the "
+                "observed data to draw the local latents. For posterior predictive draws, "
+                "draw with guide.sample_posterior(key, params, <the model's arguments with "
+                "the data>, sample_shape=...) and pass them to Predictive(model, "
+                "posterior_samples=...) called without the data."
             )
         size, subsample_size = trace[self._plate_name]["args"][:2]
         return size, size if subsample_size is None else subsample_size
@@ -439,7 +489,10 @@ class UHALocalGuide(AutoGuide):
         for n in self._local_sites:
             fn = trace[n]["fn"]
             try:
-                values[n] = jnp.median(fn.sample(rng_key, (31,)), axis=0)
+                # the median in unconstrained coordinates, mapped back: a coordinate-wise
+                # median of constrained draws leaves a support such as the simplex
+                transform = biject_to(fn.support)
+                values[n] = transform(jnp.median(transform.inv(fn.sample(rng_key, (31,))), axis=0))
             except Exception:  # noqa: BLE001 - a distribution that cannot be sampled
                 values[n] = trace[n]["value"]
         return values
@@ -600,6 +653,13 @@ class UHALocalGuide(AutoGuide):
             raise ValueError(
                 f"UHALocalGuide: global_values lacks the global latent site(s) {missing}."
             )
+        for n in self._global_latents:
+            expected = jnp.shape(self.prototype_trace[n]["value"])
+            if jnp.shape(global_values[n]) != expected:
+                raise ValueError(
+                    f"UHALocalGuide: global_values['{n}'] must have the site's shape "
+                    f"{expected} (a constrained value), got {jnp.shape(global_values[n])}."
+                )
         return global_values
 
     def _subsample(self, subsample_idx, size, subsample_size, args, kwargs):
@@ -622,6 +682,14 @@ class UHALocalGuide(AutoGuide):
                 f"UHALocalGuide: subsample_idx must be an integer array of shape "
                 f"({subsample_size},), got {idx.dtype} {idx.shape}."
             )
+        if not isinstance(idx, jax.core.Tracer):  # concrete: checked here (traced: cannot be)
+            values = np.asarray(idx)
+            if values.size and (values.min() < 0 or values.max() >= size):
+                raise ValueError(
+                    f"UHALocalGuide: subsample_idx must index the {size} data points of the "
+                    f"plate '{plate_name}', in [0, {size}); got values from {values.min()} "
+                    f"to {values.max()}."
+                )
         return idx
 
     def _indices_unused(self, args, kwargs, size, subsample_size):
@@ -706,7 +774,10 @@ class UHALocalGuide(AutoGuide):
             trace = handlers.trace(
                 handlers.seed(handlers.substitute(self.model, data=data), 0)
             ).get_trace(*args, **kwargs)
-        observed = {n: trace[n]["value"] for n in self._observed_sites}
+        observed = {  # the data: not a numpyro.factor's (auxiliary) site
+            n: trace[n]["value"] for n in self._observed_sites
+            if not trace[n].get("infer", {}).get("is_auxiliary", False)
+        }
         if len(observed) == 1:
             return next(iter(observed.values()))
         return observed
@@ -732,6 +803,20 @@ class UHALocalGuide(AutoGuide):
                 f"({subsample_size}, {d}) (data points in the minibatch, unconstrained local "
                 f"coordinates per data point), got {loc.shape} and {scale.shape}."
             )
+        if not isinstance(scale, jax.core.Tracer) and not isinstance(loc, jax.core.Tracer):
+            # concrete (svi.init, a draw outside jit): checked here
+            bad_scale = ~(np.asarray(scale) > 0) | ~np.isfinite(np.asarray(scale))
+            bad_loc = ~np.isfinite(np.asarray(loc))
+            if bad_scale.any() or bad_loc.any():
+                rows = np.flatnonzero(bad_scale.any(-1) | bad_loc.any(-1))
+                raise ValueError(
+                    "UHALocalGuide: the encoder must return a finite loc and a positive, "
+                    f"finite scale; got {int(bad_loc.sum())} non-finite loc and "
+                    f"{int(bad_scale.sum())} non-positive or non-finite scale entries, in "
+                    f"the minibatch's rows {rows[:10].tolist()}"
+                    f"{' ...' if rows.size > 10 else ''} (a scale from e.g. softplus or exp "
+                    "is positive; non-finite outputs often come from non-finite data)."
+                )
         return loc, scale
 
     def _body(
@@ -802,8 +887,15 @@ class UHALocalGuide(AutoGuide):
             # proposal density (in constrained space: minus the Jacobian), so the
             # per-point ELBO is exactly its UHA log weight.
             factor = info.log_q_initial - jnp.sum(info.log_weight_increments, axis=-1) - log_det
-            if diverged is not None:  # no gradient from a diverged chain; its value stays
-                factor = jnp.where(diverged, jax.lax.stop_gradient(factor), factor)
+            if diverged is not None:
+                # no gradient from a diverged chain; its value stays (the loss shows it).
+                # Its q_i gets the gradient of its own ELBO term at the chain's start
+                # (log p(x_i, z_1) − log q_i(z_1), z_1 its end here): a q_i far from its
+                # posterior, whose chain diverges for that reason, moves toward it
+                # instead of staying where no gradient reaches it
+                start = info.log_q_initial - log_det
+                fallback = start - jax.lax.stop_gradient(start)
+                factor = jnp.where(diverged, jax.lax.stop_gradient(factor) + fallback, factor)
                 # the latch's loss gradient is (N/B) × the number of diverged chains
                 factor = factor + latch * diverged.astype(factor.dtype)
                 # a diverged chain's leapfrog step backs off (value 0, loss gradient +1 in
@@ -816,7 +908,17 @@ class UHALocalGuide(AutoGuide):
             for n in self._local_sites:
                 event_dim = self.prototype_trace[n]["fn"].event_dim
                 numpyro.sample(n, dist.Delta(local_values[n], event_dim=event_dim))
-        return {**global_values, **local_values}, log_weight
+        if diverged is None:  # the draw methods: which chains diverged (uncorrected only:
+            # a corrected chain rejects a step with a large energy error, its draw is valid)
+            diverged = (
+                ~jnp.isfinite(log_weight) if corrected
+                else self._diverged_rows(log_weight, info)
+            )
+        return {**global_values, **local_values}, log_weight, diverged
+
+    @staticmethod
+    def _diverged_rows(log_weight, info):
+        return diverged(log_weight, info.log_accept_ratio)
 
     def __call__(self, *args, **kwargs):
         return self._body(args, kwargs, skip_diverged=True)[0]
@@ -832,8 +934,9 @@ class UHALocalGuide(AutoGuide):
         ``DIVERGENCE_ENERGY`` nats (``_divergence.diverged``), has weight 0 in the limit
         while its gradient, through Jacobians grown exponentially along the trajectory,
         can be 1e16 or NaN and would swamp Adam's moment estimates. Such a chain's end is
-        replaced by its start (stopped gradient, so the model scores a finite point), no
-        gradient flows back from it, and a gradient still not finite at the chain's inputs
+        replaced by its start z_1 ~ q_i (so the model scores a finite point, and q_i gets
+        the gradient of its plain ELBO term there, see :meth:`_body`), no gradient flows
+        back through the chain, and a gradient still not finite at the chain's inputs
         (NaN through the leapfrog's own derivatives) is zeroed (``_divergence.gate``): that
         step is skipped for the chains' parameters. The loss keeps the diverged chain's value, so it shows.
         Returns ``diverged`` (per data point), ``None`` without ``skip_diverged``.
@@ -871,10 +974,8 @@ class UHALocalGuide(AutoGuide):
             rows, log_weight = shard_leading((rows, log_weight), rows_sharding)
         is_diverged = None
         if skip_diverged:
-            is_diverged = diverged(log_weight, info.log_accept_ratio)
-            rows = jnp.where(
-                is_diverged[:, None], jax.lax.stop_gradient(info.initial_position), rows
-            )
+            is_diverged = self._diverged_rows(log_weight, info)
+            rows = jnp.where(is_diverged[:, None], info.initial_position, rows)
         local_values, log_det = self._constrain(rows)
         return rows, log_weight, info, local_values, log_det, is_diverged
 
@@ -891,8 +992,52 @@ class UHALocalGuide(AutoGuide):
         VAEs are written: the plate's indices then change nothing, which is checked on
         the arguments (it cannot be where they are traced, inside a jitted function).
         """
-        draws, _ = self._draws(rng_key, params, args, kwargs, sample_shape, subsample_idx)
+        draws, _, flags = self._draws(
+            rng_key, params, args, kwargs, sample_shape, subsample_idx, with_diverged=True
+        )
+        if not isinstance(flags, jax.core.Tracer) and bool(np.any(flags)):
+            flags = np.reshape(np.asarray(flags), (-1, np.shape(flags)[-1]))
+            idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
+            points = np.asarray(idx)[np.flatnonzero(flags.any(0))]
+            warnings.warn(
+                f"UHALocalGuide.sample_posterior: {int(flags.sum())} of the {flags.size} "
+                f"chains (draws × data points) diverged (a log weight that is not finite, or "
+                f"a leapfrog step's energy error over {DIVERGENCE_ENERGY:g} nats), at data "
+                f"point(s) {points[:10].tolist()}{' ...' if points.size > 10 else ''}: their "
+                "draws are the diverged chains' end points, not draws from the posterior. "
+                "Train longer or with a smaller max_step_size (these data points' posteriors "
+                "may be far narrower than the others', see precondition=True).",
+                UHADivergenceWarning,
+                stacklevel=2,
+            )
         return draws
+
+    def median(self, params, *args, num_samples=1000, rng_key=None, subsample_idx=None, **kwargs):
+        """Monte Carlo median of every latent site (the global ones and those of the data
+        points ``subsample_idx``) from ``num_samples`` draws of :meth:`sample_posterior`
+        (seeded with ``rng_key``, default ``PRNGKey(0)``), elementwise and unweighted.
+        Unlike NumPyro's ``AutoGuide.median(params)``, it needs the model's arguments:
+        each data point's chain targets p(x_i, z_i)."""
+        draws = self._mc_draws(params, args, kwargs, num_samples, rng_key, subsample_idx)
+        return {name: jnp.median(value, axis=0) for name, value in draws.items()}
+
+    def quantiles(
+        self, params, quantiles, *args, num_samples=1000, rng_key=None, subsample_idx=None,
+        **kwargs,
+    ):
+        """Monte Carlo quantiles of every latent site, as :meth:`median`: per site, an
+        array with a leading dimension of ``len(quantiles)``."""
+        q = jnp.asarray(quantiles)
+        draws = self._mc_draws(params, args, kwargs, num_samples, rng_key, subsample_idx)
+        return {name: jnp.quantile(value, q, axis=0) for name, value in draws.items()}
+
+    def _mc_draws(self, params, args, kwargs, num_samples, rng_key, subsample_idx):
+        _check_int("num_samples", num_samples, 1)
+        rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+        return self.sample_posterior(
+            rng_key, params, *args, sample_shape=(num_samples,), subsample_idx=subsample_idx,
+            **kwargs,
+        )
 
     def log_weights(
         self, rng_key, params, *args, num_samples=1000, subsample_idx=None, corrected=False,
@@ -926,6 +1071,7 @@ class UHALocalGuide(AutoGuide):
         """
         from numpyro_uha.evaluation.logz import log_z_from_weights
 
+        _check_int("num_samples", num_samples, 2)  # a mean and its standard error
         if self._global_latents and global_values is None:
             raise ValueError(
                 "UHALocalGuide.log_z: the model has global latent sites "
@@ -957,10 +1103,17 @@ class UHALocalGuide(AutoGuide):
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, subsample_idx, corrected=False,
-        fixed_globals=None,
+        fixed_globals=None, with_diverged=False,
     ):
+        """``(draws, log_w)`` with leading ``sample_shape`` (and the chains' divergence
+        flags, shape ``sample_shape + (B,)``, third, ``with_diverged``)."""
         self._require_setup()
         idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
+        if not isinstance(idx, jax.core.Tracer):
+            with handlers.block():
+                trace = handlers.trace(handlers.seed(handlers.substitute(
+                    self.model, data={self._plate_name: idx}), 0)).get_trace(*args, **kwargs)
+            self._check_finite_data(trace, idx)
         sample_shape = tuple(sample_shape)
         num = max(int(np.prod(sample_shape, dtype=int)), 1)
         arrays, spec = _split_static((args, kwargs))
@@ -983,20 +1136,17 @@ class UHALocalGuide(AutoGuide):
                      params, idx, arrays, fixed_globals)
                 for i in range(num_chunks)
             ]
-            draws, log_w = chunks[0] if num_chunks * width == num else _join(chunks, num)
+            out = chunks[0] if num_chunks * width == num else _join(chunks, num)
         else:
             # Traced (under an outer jit or vmap): one program for this count, in chunks
             # of at most `cap` chains by lax.map
             keys = jax.random.split(rng_key, num)
-            draws, log_w = program(num=num, chunk=min(num, cap))(
-                keys, params, idx, arrays, fixed_globals
-            )
+            out = program(num=num, chunk=min(num, cap))(keys, params, idx, arrays, fixed_globals)
         if not sample_shape:
-            return jax.tree.map(lambda x: x[0], draws), log_w[0]
-        return (
-            jax.tree.map(lambda x: jnp.reshape(x, sample_shape + x.shape[1:]), draws),
-            jnp.reshape(log_w, sample_shape + log_w.shape[1:]),
-        )
+            out = jax.tree.map(lambda x: x[0], out)
+        else:
+            out = jax.tree.map(lambda x: jnp.reshape(x, sample_shape + x.shape[1:]), out)
+        return out if with_diverged else out[:2]
 
     def _draws_impl(
         self, keys, params, idx, arrays, fixed_globals, *, spec, num, chunk, corrected, rows

@@ -229,7 +229,7 @@ def test_the_loss_is_minus_the_scaled_sum_of_the_chains_log_weights(model, data)
     key = jax.random.PRNGKey(11)
     sub = {"data": idx}
     guide_key = jax.random.split(key)[1]  # Trace_ELBO seeds the guide with this
-    _, log_w = handlers.seed(
+    _, log_w, _ = handlers.seed(
         handlers.substitute(lambda: guide._body((data, N, batch), {}), data={**params, **sub}),
         guide_key,
     )()
@@ -620,11 +620,38 @@ def _step_backoff_removed(guide):
     return run
 
 
+def _start_elbo_gradient(guide, params, args, key, i):
+    """The gradient in (q_i's loc, q_i's scale) of minus data point i's plain ELBO term
+    log p(x_i, z_1) − log q_i(z_1) at its chain's start z_1 = loc + scale · e under the
+    key ``Trace_ELBO().loss(key, ...)`` gives the guide (written out per point here)."""
+    x, s = args[0], args[1]
+    guide_key = jax.random.split(key)[1]  # Trace_ELBO seeds the guide with this
+    rows_key = handlers.seed(lambda: numpyro.prng_key(), guide_key)()
+    keys = jax.random.split(rows_key, args[2])
+    annealing = guide.get_annealing_params(params, *args, subsample_idx=jnp.arange(args[2]))
+    row = annealing._replace(loc=annealing.loc[i], scale=annealing.scale[i])
+
+    def target(z):
+        return jax.scipy.stats.norm.logpdf(z[0], 0.0, 1.0) + jax.scipy.stats.norm.logpdf(
+            x[i], z[0], s[i])
+
+    _, log_w, info = annealed_sample(keys[i], target, row, integrator=guide.integrator)
+    noise = (info.initial_position - row.loc) / row.scale
+
+    def minus_elbo(loc, scale):
+        z = loc + scale * noise
+        return -(target(z) - jnp.sum(jax.scipy.stats.norm.logpdf(z, loc, scale)))
+
+    return log_w, jax.grad(minus_elbo, (0, 1))(row.loc, row.scale)
+
+
 def test_a_diverged_chain_gives_no_gradient_and_its_loss_shows():
     """Data point 0's chain diverges (ε = 0.02 against a posterior sd of 0.002: energy
     errors of 1e15 nats, finite): its gradient, 1e16 and more, is skipped; the training
-    gradient is then exactly that of the loss with data point 0 masked out, and the loss
-    still shows the divergence."""
+    gradient is then exactly that of the loss with data point 0 masked out, plus the
+    back-off's and, for q_0, the gradient of data point 0's plain ELBO term at its
+    chain's start (so a q_i whose chain diverges still moves); the loss still shows the
+    divergence."""
     guide, svi, state, args = _narrow_setup(2e-3)
     params = svi.get_params(state)
     key = jax.random.PRNGKey(1)
@@ -651,10 +678,17 @@ def test_a_diverged_chain_gives_no_gradient_and_its_loss_shows():
         "local_drift_scale": 1.0 / (d * params["local_drift_scale"]),
         "local_momentum_scale": -1.0 / (d * params["local_momentum_scale"]),
     }
+    # q_0's plain ELBO gradient at its chain's start (the same noise as the guide's)
+    _, (loc_grad, scale_grad) = _start_elbo_gradient(guide, params, args, key, 0)
+    fallback = {
+        "local_loc": jnp.zeros_like(params["local_loc"]).at[0].set(loc_grad),
+        "local_scale": jnp.zeros_like(params["local_scale"]).at[0].set(scale_grad),
+    }
+    assert float(jnp.abs(loc_grad).sum() + jnp.abs(scale_grad).sum()) > 0
     for name in grads:
         assert np.all(np.isfinite(np.asarray(grads[name]))), name
-        expected = masked[name] + backoff.get(name, 0.0)
-        np.testing.assert_allclose(grads[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
+        expected = masked[name] + backoff.get(name, 0.0) + fallback.get(name, 0.0)
+        np.testing.assert_allclose(grads[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
     assert float(loss(params, _narrow_model, guide)) > 1e6  # the divergence is not hidden
     # chains that did not diverge get no back-off: with data point 0 masked out, the
     # gradient is that of the guide without it
@@ -711,11 +745,39 @@ def test_a_nonfinite_chain_skips_the_step_and_training_goes_on():
             np.testing.assert_array_equal(value, params[name], err_msg=name)  # skipped
 
 
+def test_a_q_far_from_its_posterior_moves_toward_it_while_its_chain_diverges():
+    """Data point 0's posterior is at ≈ 20 with sd 0.02, q_0 starts at the prior's median 0:
+    the force there (≈ 5e4) makes its chain diverge, whatever the step, so no gradient
+    comes through the chain. q_0 gets its plain ELBO term's gradient instead and moves
+    toward its posterior at Adam's pace (at most ≈ 0.05 per step here); without it, q_0
+    stayed at ≈ 0.2 (no gradient ever reached it)."""
+    n, steps, lr = 8, 100, 5e-2
+    x = jnp.asarray(np.random.default_rng(0).normal(size=n)).at[0].set(20.0)
+    s = jnp.full(n, 0.5).at[0].set(0.02)
+    args = (x, s, n, n)
+    guide = UHALocalGuide(_narrow_model, K=4, precondition=False)
+    svi = SVI(_narrow_model, guide, optax.adam(lr), Trace_ELBO())
+    state = svi.init(jax.random.PRNGKey(0), *args)
+    start = float(svi.get_params(state)["local_loc"][0, 0])
+    update = jax.jit(lambda state: svi.update(state, *args))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UHADivergenceWarning)
+        for _ in range(steps):
+            state, _ = update(state)
+        params = svi.get_params(state)
+    assert float(params["local_diverged"]) != 0.0  # the set-up: its chain diverged
+    moved = float(params["local_loc"][0, 0]) - start
+    assert moved > 0.5 * steps * lr, moved  # more than half of Adam's largest move
+
+
 def test_a_data_point_whose_own_step_diverges_backs_off_and_recovers():
     """Per-data-point parameters: data point 0's posterior sd is 0.005 and its leapfrog
     step 0.02, over the stability limit 2 × 0.005, so its chain diverges and gives no
-    gradient. The back-off lowers its own step until the chain runs; then it trains
-    (without the back-off it would stay diverged: no gradient ever reaches it)."""
+    gradient through the chain. The back-off lowers its own step until the chain runs;
+    then it trains (without the back-off it would stay diverged: no gradient ever reaches
+    its step). While it diverges q_0 gets its plain ELBO term's gradient, large for so
+    narrow a posterior, which Adam's second moments keep for a while: recovery takes
+    about 300 steps here (about 100 without that gradient)."""
     n = 8
     x = jnp.asarray(np.random.default_rng(0).normal(size=n))
     s = jnp.full(n, 0.5).at[0].set(5e-3)
@@ -731,7 +793,7 @@ def test_a_data_point_whose_own_step_diverges_backs_off_and_recovers():
     update = jax.jit(lambda state: svi.update(state, *args))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UHADivergenceWarning)
-        for _ in range(100):
+        for _ in range(300):
             state, _ = update(state)
         params = svi.get_params(state)
     log_w = np.asarray(guide.log_weights(key, params, *args, num_samples=64, subsample_idx=idx))

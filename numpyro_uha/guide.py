@@ -1010,6 +1010,49 @@ class UHAGuide(AutoContinuous):
                 "posterior samples with guide.sample_posterior(key, params, X, y, ...) and "
                 "pass them to Predictive(model, posterior_samples=...)."
             )
+        prototype = self.prototype_trace or {}
+        changed = [
+            (name, tuple(jnp.shape(prototype[name]["value"])), tuple(jnp.shape(site["value"])))
+            for name, site in model_trace.items()
+            if site["type"] == "sample" and not site["is_observed"] and name in prototype
+            and jnp.shape(site["value"]) != jnp.shape(prototype[name]["value"])
+        ]
+        if changed:
+            raise ValueError(
+                "UHAGuide: latent site(s) changed shape since the guide was set up: "
+                + ", ".join(f"'{n}' from {a} to {b}" for n, a, b in changed)
+                + ". The guide's q and chain are sized to the model it was set up with; "
+                "call it with arguments that give every latent site its shape then (a "
+                "Python int argument sizing a latent, e.g. a number of basis functions, "
+                "must stay the same), or set up a new guide."
+            )
+
+    def _nonfinite_data_sites(self, args, kwargs):
+        """Observed sites (not a ``numpyro.factor``'s) with a NaN or inf value, not masked
+        out, in these arguments: ``{site: flat indices}`` (concrete arguments only)."""
+        try:
+            model_trace = self._trace_at_init(self.model, args, kwargs)
+        except Exception:  # noqa: BLE001 - only a diagnosis
+            return {}
+        bad = {}
+        for name, site in model_trace.items():
+            value = site.get("value")
+            if (
+                site["type"] != "sample" or not site["is_observed"]
+                or site.get("infer", {}).get("is_auxiliary", False)
+                or isinstance(value, jax.core.Tracer)
+                or not jnp.issubdtype(jnp.result_type(value), jnp.inexact)
+            ):
+                continue
+            nonfinite = ~np.isfinite(np.asarray(value))
+            mask = site.get("mask")
+            if mask is not None and not isinstance(mask, jax.core.Tracer):
+                event_dim = site["fn"].event_dim
+                mask = np.asarray(mask).reshape(np.shape(mask) + (1,) * event_dim)
+                nonfinite = nonfinite & np.broadcast_to(mask, nonfinite.shape)
+            if nonfinite.any():
+                bad[name] = np.flatnonzero(nonfinite)
+        return bad
 
     def get_logdensity_fn(self, params, *args, **kwargs):
         """z ↦ log p̄(z): the model's log joint in unconstrained space, Jacobians included.
@@ -1480,6 +1523,18 @@ class UHAGuide(AutoContinuous):
                     f"UHAGuide.{warn_as}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
                 )
             if bad:
+                data = self._nonfinite_data_sites(args, kwargs)
+                if data:
+                    raise ValueError(
+                        f"UHAGuide: {bad} of {num_draws} draws have a non-finite log weight "
+                        "because the data are not finite: observed site(s) "
+                        + ", ".join(
+                            f"'{n}' (NaN or inf at flat index {i[:10].tolist()}"
+                            f"{' ...' if i.size > 10 else ''})" for n, i in data.items()
+                        )
+                        + ". Drop those entries, or replace them by finite values and mask "
+                        "them out (numpyro.handlers.mask or obs_mask)."
+                    )
                 draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
                 if draws.num_dropped:
                     return draws

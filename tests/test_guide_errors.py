@@ -237,6 +237,32 @@ def test_sample_posterior_with_nan_params_names_the_param(initialized, name):
         guide.sample_posterior_with_log_weights(jax.random.PRNGKey(0), bad, Y)
 
 
+def test_nan_data_at_draw_time_names_the_site_not_the_dynamics(initialized):
+    """Set up on finite data, drawn with a NaN in y: every weight is non-finite because
+    of the data, and the error says so (it used to blame the step size)."""
+    guide, params = initialized
+    with pytest.raises(ValueError, match=r"data are not finite: observed site\(s\) 'y' "
+                       r"\(NaN or inf at flat index \[1\]\)"):
+        guide.sample_posterior(jax.random.PRNGKey(0), params, Y.at[1].set(jnp.nan),
+                               sample_shape=(8,))
+
+
+def basis_model(x, y, n_basis):
+    beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([n_basis]).to_event(1))
+    features = jnp.stack([x**j for j in range(n_basis)], -1)
+    numpyro.sample("y", dist.Normal(features @ beta, 1.0), obs=y)
+
+
+def test_a_latent_that_changed_shape_is_named():
+    """A Python int argument sizes a latent: another value after set-up is named."""
+    x = jnp.linspace(-1, 1, 5)
+    guide = UHAGuide(basis_model, K=2, warm_start_steps=0)
+    svi = svi_for(basis_model, guide)
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), x, x, 3))
+    with pytest.raises(ValueError, match=r"'beta' from \(3,\) to \(2,\)"):
+        guide.sample_posterior(jax.random.PRNGKey(0), params, x, x, 2, sample_shape=(4,))
+
+
 def test_missing_param_is_a_clear_keyerror(initialized):
     guide, params = initialized
     params = {k: v for k, v in params.items() if k != "auto_damping"}

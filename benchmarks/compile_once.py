@@ -316,7 +316,7 @@ def main(argv=None):
             table += (
                 f"| {name} | {result['latent_dim']} | {function} | {row['first_s']:.3f} "
                 f"({row['first_compiles']}) | {row['second_s']:.4f} ({row['second_compiles']}) | "
-                f"{row['ratio']:.0f} | {row['new_shape_s']:.4f} ({row['new_shape_compiles']}) |\n"
+                f"{row['ratio']:.1f} | {row['new_shape_s']:.4f} ({row['new_shape_compiles']}) |\n"
             )
     path = write_results(
         args.name, {"settings": vars(args), "results": results, "local": local_results}, table

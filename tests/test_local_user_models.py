@@ -85,6 +85,12 @@ def test_a_factor_in_the_plate_is_not_the_encoders_input():
     assert not isinstance(seen[0], dict) and seen[0].shape == (6,)
 
 
+@pytest.fixture(scope="module")
+def fitted():
+    """A conjugate-model guide after 20 steps (shared: compiled once for the module)."""
+    return _fit_conjugate()
+
+
 def _fit_conjugate(steps=20, batch=6):
     guide = UHALocalGuide(conjugate_model, K=2)
     svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())
@@ -92,8 +98,8 @@ def _fit_conjugate(steps=20, batch=6):
     return guide, result.params
 
 
-def test_clear_errors_for_bad_draw_arguments():
-    guide, params = _fit_conjugate()
+def test_clear_errors_for_bad_draw_arguments(fitted):
+    guide, params = fitted
     key = jax.random.PRNGKey(1)
     with pytest.raises(ValueError, match=r"subsample_idx must index the 24 data points .*"
                        r"got values from 20 to 25"):
@@ -128,9 +134,9 @@ def test_predictive_without_the_data_says_how_to_draw_predictions():
     assert predicted["y"].shape == (5, N) and np.all(np.isfinite(predicted["y"]))
 
 
-def test_nan_data_and_a_bad_encoder_are_named():
+def test_nan_data_and_a_bad_encoder_are_named(fitted):
     x = X.at[3].set(jnp.nan)
-    guide, params = _fit_conjugate()
+    guide, params = fitted
     with pytest.raises(ValueError, match=r"observed site 'x' has NaN or inf values for data "
                        r"point\(s\) \[3\]"):
         guide.sample_posterior(jax.random.PRNGKey(1), params, x, N, 6, subsample_idx=jnp.arange(6))
@@ -160,8 +166,8 @@ def test_draws_of_diverged_chains_are_flagged_with_their_data_points():
                                sample_shape=(4,))
 
 
-def test_median_and_quantiles_are_those_of_the_draws():
-    guide, params = _fit_conjugate()
+def test_median_and_quantiles_are_those_of_the_draws(fitted):
+    guide, params = fitted
     idx = jnp.arange(6)
     key = jax.random.PRNGKey(5)
     draws = guide.sample_posterior(key, params, X, N, 6, sample_shape=(200,), subsample_idx=idx)

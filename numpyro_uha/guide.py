@@ -1029,28 +1029,16 @@ class UHAGuide(AutoContinuous):
 
     def _nonfinite_data_sites(self, args, kwargs):
         """Observed sites (not a ``numpyro.factor``'s) with a NaN or inf value, not masked
-        out, in these arguments: ``{site: flat indices}`` (concrete arguments only)."""
+        out, in these arguments: ``{site: flat indices over its batch shape}`` (concrete
+        arguments only)."""
         try:
             model_trace = self._trace_at_init(self.model, args, kwargs)
         except Exception:  # noqa: BLE001 - only a diagnosis
             return {}
         bad = {}
         for name, site in model_trace.items():
-            value = site.get("value")
-            if (
-                site["type"] != "sample" or not site["is_observed"]
-                or site.get("infer", {}).get("is_auxiliary", False)
-                or isinstance(value, jax.core.Tracer)
-                or not jnp.issubdtype(jnp.result_type(value), jnp.inexact)
-            ):
-                continue
-            nonfinite = ~np.isfinite(np.asarray(value))
-            mask = site.get("mask")
-            if mask is not None and not isinstance(mask, jax.core.Tracer):
-                event_dim = site["fn"].event_dim
-                mask = np.asarray(mask).reshape(np.shape(mask) + (1,) * event_dim)
-                nonfinite = nonfinite & np.broadcast_to(mask, nonfinite.shape)
-            if nonfinite.any():
+            nonfinite = _nonfinite_observed(site)
+            if nonfinite is not None and nonfinite.any():
                 bad[name] = np.flatnonzero(nonfinite)
         return bad
 
@@ -2119,6 +2107,28 @@ def _join(chunks, num_draws):
     """The chunks' draws end to end, the padding dropped (one program per chunk count
     and ``num_draws``)."""
     return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:num_draws], *chunks)
+
+
+def _nonfinite_observed(site):
+    """For an observed sample site (not a ``numpyro.factor``'s) with a concrete floating
+    value: a boolean array over its batch shape, ``True`` where the value has a NaN or inf
+    that is not masked out; ``None`` for any other site (traced values cannot be read)."""
+    value = site.get("value")
+    if (
+        site["type"] != "sample" or not site["is_observed"]
+        or site.get("infer", {}).get("is_auxiliary", False)
+        or isinstance(value, jax.core.Tracer)
+        or not jnp.issubdtype(jnp.result_type(value), jnp.inexact)
+    ):
+        return None
+    bad = ~np.isfinite(np.asarray(value))
+    event_dim = site["fn"].event_dim
+    if event_dim:
+        bad = bad.any(axis=tuple(range(-event_dim, 0)))
+    mask = site.get("mask")
+    if mask is not None and not isinstance(mask, jax.core.Tracer):
+        bad = bad & np.broadcast_to(np.asarray(mask), bad.shape)
+    return bad
 
 
 @jax.jit

@@ -78,6 +78,7 @@ from numpyro_uha.guide import (
     _join,
     _key_chunk,
     _merge_static,
+    _nonfinite_observed,
     _real,
     _split_static,
 )
@@ -421,21 +422,8 @@ class UHALocalGuide(AutoGuide):
         finite anywhere. Concrete values only (traced ones, inside jit, cannot be)."""
         for n in self._observed_sites:
             site = trace.get(n)
-            value = None if site is None else site["value"]
-            if (
-                site is None or site.get("infer", {}).get("is_auxiliary", False)
-                or isinstance(value, jax.core.Tracer)
-                or not jnp.issubdtype(jnp.result_type(value), jnp.inexact)
-            ):
-                continue
-            bad = ~np.isfinite(np.asarray(value))
-            event_dim = site["fn"].event_dim
-            if event_dim:
-                bad = bad.any(axis=tuple(range(-event_dim, 0)))
-            mask = site.get("mask")
-            if mask is not None and not isinstance(mask, jax.core.Tracer):
-                bad = bad & np.broadcast_to(np.asarray(mask), bad.shape)
-            if not bad.any():
+            bad = None if site is None else _nonfinite_observed(site)
+            if bad is None or not bad.any():
                 continue
             axis = bad.ndim + self._plate_dim
             rows = bad.any(axis=tuple(a for a in range(bad.ndim) if a != axis)) if axis >= 0 \
@@ -878,7 +866,7 @@ class UHALocalGuide(AutoGuide):
             # one compiled program per argument structure: run op by op (svi.init,
             # Predictive), the chain's hundreds of operations would each be compiled
             arrays, spec = _split_static((args, kwargs))
-            rows, log_weight, info, local_values, log_det, diverged = _jit_once(
+            rows, log_weight, info, local_values, log_det, is_diverged = _jit_once(
                 self._jitted, self._chain_impl, spec, size=size, corrected=corrected,
                 skip_diverged=skip_diverged,
             )(keys, annealing, global_values, model_params, idx, arrays)
@@ -887,7 +875,7 @@ class UHALocalGuide(AutoGuide):
             # proposal density (in constrained space: minus the Jacobian), so the
             # per-point ELBO is exactly its UHA log weight.
             factor = info.log_q_initial - jnp.sum(info.log_weight_increments, axis=-1) - log_det
-            if diverged is not None:
+            if is_diverged is not None:
                 # no gradient from a diverged chain; its value stays (the loss shows it).
                 # Its q_i gets the gradient of its own ELBO term at the chain's start
                 # (log p(x_i, z_1) − log q_i(z_1), z_1 its end here): a q_i far from its
@@ -895,30 +883,26 @@ class UHALocalGuide(AutoGuide):
                 # instead of staying where no gradient reaches it
                 start = info.log_q_initial - log_det
                 fallback = start - jax.lax.stop_gradient(start)
-                factor = jnp.where(diverged, jax.lax.stop_gradient(factor) + fallback, factor)
+                factor = jnp.where(is_diverged, jax.lax.stop_gradient(factor) + fallback, factor)
                 # the latch's loss gradient is (N/B) × the number of diverged chains
-                factor = factor + latch * diverged.astype(factor.dtype)
+                factor = factor + latch * is_diverged.astype(factor.dtype)
                 # a diverged chain's leapfrog step backs off (value 0, loss gradient +1 in
                 # its log per-coordinate step): otherwise, with no gradient from it,
                 # per-data-point parameters that drifted to a diverging step stay there
-                factor = factor + _step_backoff(values) * diverged.astype(factor.dtype)
+                factor = factor + _step_backoff(values) * is_diverged.astype(factor.dtype)
             # the data points along the plate's dim, as the model's sites have them
             factor = jnp.reshape(factor, (subsample_size,) + (1,) * (-self._plate_dim - 1))
             numpyro.factor(f"_{self.prefix}_uha_factor", factor)
             for n in self._local_sites:
                 event_dim = self.prototype_trace[n]["fn"].event_dim
                 numpyro.sample(n, dist.Delta(local_values[n], event_dim=event_dim))
-        if diverged is None:  # the draw methods: which chains diverged (uncorrected only:
+        if is_diverged is None:  # the draw methods: which chains diverged (uncorrected only:
             # a corrected chain rejects a step with a large energy error, its draw is valid)
-            diverged = (
+            is_diverged = (
                 ~jnp.isfinite(log_weight) if corrected
-                else self._diverged_rows(log_weight, info)
+                else diverged(log_weight, info.log_accept_ratio)
             )
-        return {**global_values, **local_values}, log_weight, diverged
-
-    @staticmethod
-    def _diverged_rows(log_weight, info):
-        return diverged(log_weight, info.log_accept_ratio)
+        return {**global_values, **local_values}, log_weight, is_diverged
 
     def __call__(self, *args, **kwargs):
         return self._body(args, kwargs, skip_diverged=True)[0]
@@ -974,7 +958,7 @@ class UHALocalGuide(AutoGuide):
             rows, log_weight = shard_leading((rows, log_weight), rows_sharding)
         is_diverged = None
         if skip_diverged:
-            is_diverged = self._diverged_rows(log_weight, info)
+            is_diverged = diverged(log_weight, info.log_accept_ratio)
             rows = jnp.where(is_diverged[:, None], info.initial_position, rows)
         local_values, log_det = self._constrain(rows)
         return rows, log_weight, info, local_values, log_det, is_diverged
@@ -1109,11 +1093,6 @@ class UHALocalGuide(AutoGuide):
         flags, shape ``sample_shape + (B,)``, third, ``with_diverged``)."""
         self._require_setup()
         idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
-        if not isinstance(idx, jax.core.Tracer):
-            with handlers.block():
-                trace = handlers.trace(handlers.seed(handlers.substitute(
-                    self.model, data={self._plate_name: idx}), 0)).get_trace(*args, **kwargs)
-            self._check_finite_data(trace, idx)
         sample_shape = tuple(sample_shape)
         num = max(int(np.prod(sample_shape, dtype=int)), 1)
         arrays, spec = _split_static((args, kwargs))
@@ -1142,6 +1121,13 @@ class UHALocalGuide(AutoGuide):
             # of at most `cap` chains by lax.map
             keys = jax.random.split(rng_key, num)
             out = program(num=num, chunk=min(num, cap))(keys, params, idx, arrays, fixed_globals)
+        log_w = out[1]
+        if not isinstance(log_w, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(log_w))):
+            # a weight that is not finite: name non-finite data, if that is the cause
+            with handlers.block():
+                trace = handlers.trace(handlers.seed(handlers.substitute(
+                    self.model, data={self._plate_name: idx}), 0)).get_trace(*args, **kwargs)
+            self._check_finite_data(trace, idx)
         if not sample_shape:
             out = jax.tree.map(lambda x: x[0], out)
         else:

@@ -49,12 +49,11 @@ import time
 
 import jax
 import numpy as np
-import optax
 from jax import monitoring
-from numpyro.infer import SVI, Predictive, Trace_ELBO
+from numpyro.infer import Predictive, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
-from benchmarks.common import write_results
+from benchmarks.common import fit, write_results
 from benchmarks.user_models_local import MODELS as LOCAL_MODELS
 from benchmarks.zoo_models import ZOO
 from numpyro_uha import UHAGuide, UHALocalGuide
@@ -125,11 +124,9 @@ def measure(name, args):
     model, model_args = entry.model, entry.args
     n, n_new = args.num_draws, args.new_num_draws
     guide = UHAGuide(model, K=args.K, warm_start_steps=args.warm_start_steps)
-    svi = SVI(model, guide, optax.adam(args.learning_rate), Trace_ELBO())
-    params = svi.run(jax.random.PRNGKey(0), args.steps, *model_args, progress_bar=False).params
+    params, _ = fit(model, guide, Trace_ELBO(), args.steps, args.learning_rate, 0, model_args)
     normal = AutoNormal(model)
-    svi = SVI(model, normal, optax.adam(args.learning_rate), Trace_ELBO())
-    normal_params = svi.run(jax.random.PRNGKey(0), args.steps, *model_args, progress_bar=False).params
+    normal_params, _ = fit(model, normal, Trace_ELBO(), args.steps, args.learning_rate, 0, model_args)
 
     # Posterior draws for sandwich and the bracket (the guide's own), latent sites only.
     draws = _fresh(guide).sample_posterior(jax.random.PRNGKey(9), params, *model_args, sample_shape=(n,))
@@ -219,11 +216,9 @@ def measure_local(name, args):
     model_args = make_data(np.random.default_rng(0)) + (batch,)
     n, n_new = args.num_draws, args.new_num_draws
     guide = UHALocalGuide(model, K=args.K)
-    svi = SVI(model, guide, optax.adam(args.learning_rate), Trace_ELBO())
-    params = svi.run(jax.random.PRNGKey(0), args.steps, *model_args, progress_bar=False).params
+    params, _ = fit(model, guide, Trace_ELBO(), args.steps, args.learning_rate, 0, model_args)
     normal = AutoNormal(model)
-    svi = SVI(model, normal, optax.adam(args.learning_rate), Trace_ELBO())
-    normal_params = svi.run(jax.random.PRNGKey(0), args.steps, *model_args, progress_bar=False).params
+    normal_params, _ = fit(model, normal, Trace_ELBO(), args.steps, args.learning_rate, 0, model_args)
     idx = np.arange(batch)
     key = jax.random.PRNGKey(1)
     draws = _fresh(guide).sample_posterior(key, params, *model_args, sample_shape=(100,),

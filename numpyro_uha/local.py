@@ -181,6 +181,11 @@ class UHALocalGuide(AutoGuide):
         init_step_size: initial ε, in (0, ``max_step_size``).
         max_step_size: ε_max; every ε(β_m) stays in (0, ε_max) (the paper caps ε at
             0.05 for its VAEs).
+        min_momentum_scale: a floor on Σ's diagonal sds (``None``: any positive
+            value). A coordinate's leapfrog step is ε / m_j, so ``max_step_size`` caps it
+            only while Σ cannot shrink; with a floor, every coordinate's step stays below
+            ``max_step_size / min_momentum_scale`` (in q_i's sds with ``precondition``).
+            In (0, 1) (Σ starts at 1).
         init_damping: initial η in (0, 1).
         frozen: groups that are not learned, as for :class:`~numpyro_uha.UHAGuide`
             (``"q"``, ``"step_size"``, ``"step_size_slope"``, ``"damping"``,
@@ -201,6 +206,8 @@ class UHALocalGuide(AutoGuide):
             :func:`~numpyro_uha.shard_particles` for several particles per step.
     """
 
+    min_momentum_scale = None  # guides pickled before the option existed
+
     def __init__(
         self,
         model,
@@ -216,6 +223,7 @@ class UHALocalGuide(AutoGuide):
         init_step_size: float = 0.02,
         max_step_size: float = 0.2,
         init_damping: float = 0.9,
+        min_momentum_scale: float | None = None,
         frozen=(),
         num_leapfrog_steps: int = 1,
         integrator: str = "position_verlet",
@@ -234,6 +242,13 @@ class UHALocalGuide(AutoGuide):
             raise ValueError(f"init_damping (η) must be in (0, 1), got {init_damping!r}.")
         if not init_scale > 0:
             raise ValueError(f"init_scale must be a positive number, got {init_scale!r}.")
+        if min_momentum_scale is not None:
+            min_momentum_scale = _real("min_momentum_scale", min_momentum_scale)
+            if not 0 < min_momentum_scale < 1:
+                raise ValueError(
+                    "min_momentum_scale must be None or in (0, 1) (Σ's sds start at 1), "
+                    f"got {min_momentum_scale!r}."
+                )
         if encoder is not None and not callable(encoder):
             raise TypeError(
                 f"encoder must be a callable x -> (loc, scale), got {type(encoder).__name__}."
@@ -251,6 +266,7 @@ class UHALocalGuide(AutoGuide):
         self.init_step_size = init_step_size
         self.max_step_size = max_step_size
         self.init_damping = init_damping
+        self.min_momentum_scale = min_momentum_scale
         self.frozen = frozenset(frozen)
         self.num_leapfrog_steps = num_leapfrog_steps
         self.integrator = integrator
@@ -517,7 +533,10 @@ class UHALocalGuide(AutoGuide):
             "step_size": constraints.interval(0.0, self.max_step_size),
             "step_size_slope": constraints.real,
             "damping": constraints.interval(0.0, 1.0),
-            "momentum_scale": constraints.positive,
+            "momentum_scale": (
+                constraints.positive if self.min_momentum_scale is None
+                else constraints.greater_than(self.min_momentum_scale)
+            ),
             "beta_logits": constraints.real,
             "bridge_loc_slope": constraints.real,
             "bridge_log_scale_slope": constraints.real,

@@ -344,7 +344,7 @@ def test_an_amortized_guide_on_a_minibatch_model_draws_without_subsample_idx():
     batch = 6
     guide = UHALocalGuide(batch_model, K=3, encoder=_encoder)
     svi = SVI(batch_model, guide, optax.adam(1e-2), Trace_ELBO())
-    params = svi.run(jax.random.PRNGKey(0), 3, X[:batch], N, progress_bar=False).params
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X[:batch], N))
     key = jax.random.PRNGKey(1)
     plain = guide.sample_posterior(key, params, X[:batch], N, sample_shape=(4,))
     given = guide.sample_posterior(
@@ -355,7 +355,7 @@ def test_an_amortized_guide_on_a_minibatch_model_draws_without_subsample_idx():
     assert guide.log_weights(key, params, X[:batch], N, num_samples=3).shape == (3, batch)
     indexing = UHALocalGuide(conjugate_model, K=3, encoder=_encoder)
     svi = SVI(conjugate_model, indexing, optax.adam(1e-2), Trace_ELBO())
-    params = svi.run(jax.random.PRNGKey(0), 3, X, N, batch, progress_bar=False).params
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, N, batch))
     with pytest.raises(ValueError, match=r"pass subsample_idx="):
         indexing.sample_posterior(key, params, X, N, batch, sample_shape=(4,))
 

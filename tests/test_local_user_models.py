@@ -180,3 +180,26 @@ def test_median_and_quantiles_are_those_of_the_draws(fitted):
             quantiles[name], np.quantile(draws[name], [0.1, 0.9], axis=0), rtol=1e-5, atol=1e-6
         )
     assert median["z"].shape == (6,)
+
+
+def test_a_floor_on_the_momentum_scales_holds_wherever_the_optimizer_takes_them():
+    """min_momentum_scale: however far the optimizer pushes Σ's sds down (here to
+    exp(-30) in unconstrained space), they stay above the floor, so no coordinate's step
+    ε / m_j exceeds max_step_size / floor; without it they go to ~0. Bad values refused."""
+    floor = 0.25
+    scales = {}
+    for option in (None, floor):
+        guide = UHALocalGuide(conjugate_model, K=2, min_momentum_scale=option)
+        svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())
+        state = svi.init(jax.random.PRNGKey(0), X, N, 6)
+        unconstrained = dict(svi.optim.get_params(state.optim_state))
+        unconstrained["local_momentum_scale"] = jnp.full_like(
+            unconstrained["local_momentum_scale"], -30.0
+        )
+        scales[option] = np.asarray(svi.constrain_fn(unconstrained)["local_momentum_scale"])
+        assert np.all(np.asarray(svi.get_params(state)["local_momentum_scale"]) == 1.0)
+    assert np.all(scales[None] < 1e-6)
+    assert np.all(scales[floor] >= floor) and np.all(scales[floor] < floor + 1e-6)
+    for bad in (0.0, 1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="min_momentum_scale"):
+            UHALocalGuide(conjugate_model, K=2, min_momentum_scale=bad)

@@ -6,6 +6,7 @@ they compute.
 
 import math
 import warnings
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ from numpyro import handlers
 from numpyro.infer import SVI, Predictive, Trace_ELBO
 
 from numpyro_uha import UHADivergenceWarning, UHALocalGuide
-from numpyro_uha.core import annealed_sample, uha_sample_rows
+from numpyro_uha.core import annealed_sample
 
 N = 24
 SIGMA = 0.5  # observation noise
@@ -305,7 +306,8 @@ def test_sample_posterior_and_predictive():
     batch = 8
     guide = UHALocalGuide(conjugate_model, K=3)
     svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())
-    result = svi.run(jax.random.PRNGKey(0), 2, X, N, batch, progress_bar=False)
+    # the draws' shapes and errors need parameters, not a trained fit
+    result = SimpleNamespace(params=svi.get_params(svi.init(jax.random.PRNGKey(0), X, N, batch)))
     idx = jnp.arange(8, 16)
     draws = guide.sample_posterior(
         jax.random.PRNGKey(1), result.params, X, N, batch, sample_shape=(7,), subsample_idx=idx

@@ -744,7 +744,7 @@ def train_uha(
     ``options.epochs`` (``--uha-param-lr-decay``; none by default).
     ``min_momentum_scale``: the guide's floor on Σ's sds (``--uha-min-momentum-scale``;
     none by default, as in the paper): with it, no coordinate's leapfrog step exceeds
-    ``max_step_size / min_momentum_scale``."""
+    ``max_step_size / min_momentum_scale`` (δ is frozen at 1 here: ``UHA_FROZEN``)."""
     if not (isinstance(K, int) and K >= 1):
         raise ValueError(f"K must be a positive integer, got {K!r}.")
     if not param_lr_scale > 0:

@@ -182,10 +182,11 @@ class UHALocalGuide(AutoGuide):
         max_step_size: ε_max; every ε(β_m) stays in (0, ε_max) (the paper caps ε at
             0.05 for its VAEs).
         min_momentum_scale: a floor on Σ's diagonal sds (``None``: any positive
-            value). A coordinate's leapfrog step is ε / m_j, so ``max_step_size`` caps it
-            only while Σ cannot shrink; with a floor, every coordinate's step stays below
-            ``max_step_size / min_momentum_scale`` (in q_i's sds with ``precondition``).
-            In (0, 1) (Σ starts at 1).
+            value). Coordinate j's leapfrog step is ε δ_j / m_j, so ``max_step_size``
+            caps it only while Σ cannot shrink; with a floor, it stays below
+            ``max_step_size * δ_j / min_momentum_scale`` (in q_i's sds with
+            ``precondition``), a cap on the step itself where δ is frozen (the group
+            ``"drift"``). In (0, 1) (Σ starts at 1).
         init_damping: initial η in (0, 1).
         frozen: groups that are not learned, as for :class:`~numpyro_uha.UHAGuide`
             (``"q"``, ``"step_size"``, ``"step_size_slope"``, ``"damping"``,

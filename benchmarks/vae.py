@@ -664,7 +664,7 @@ UHA_MAX_STEP_SIZE = 0.05
 
 def make_uha_guide(arch: Architecture, K: int, pixel_mean=None, init_step_size: float = 0.02,
                    max_step_size: float = UHA_MAX_STEP_SIZE, precondition: bool = False,
-                   min_momentum_scale: float | None = None):
+                   min_momentum_scale: float | None = None, max_damping: float = 1.0):
     """``(model, guide)``: :func:`make_vae_model` and ``UHALocalGuide`` on it with the
     encoder of :func:`make_encoder`, K transitions, ε ≤ ``max_step_size`` (the paper's
     :data:`UHA_MAX_STEP_SIZE` by default), the groups :data:`UHA_FROZEN` frozen, ε
@@ -676,6 +676,7 @@ def make_uha_guide(arch: Architecture, K: int, pixel_mean=None, init_step_size: 
         model, K=K, encoder=make_encoder(arch.latent_dim, arch.hidden),
         max_step_size=max_step_size, frozen=UHA_FROZEN, init_step_size=init_step_size,
         precondition=precondition, min_momentum_scale=min_momentum_scale,
+        max_damping=max_damping,
     )
     return model, guide
 
@@ -720,7 +721,7 @@ def train_uha(
     init: dict | None = None, *, train_encoder: bool = False, init_step_size: float = 0.02,
     param_lr_scale: float = 1.0, max_step_size: float = UHA_MAX_STEP_SIZE,
     precondition: bool = False, param_lr_decay: float | None = None,
-    min_momentum_scale: float | None = None,
+    min_momentum_scale: float | None = None, max_damping: float = 1.0,
 ) -> TrainResult:
     """UHA (``UHALocalGuide``, K transitions) trained with :func:`train_svi` and
     ``Trace_ELBO``, whose loss is −(N/B) Σ_i log w_i: the minibatch UHA bound.
@@ -744,13 +745,15 @@ def train_uha(
     ``options.epochs`` (``--uha-param-lr-decay``; none by default).
     ``min_momentum_scale``: the guide's floor on Σ's sds (``--uha-min-momentum-scale``;
     none by default, as in the paper): with it, no coordinate's leapfrog step exceeds
-    ``max_step_size / min_momentum_scale`` (δ is frozen at 1 here: ``UHA_FROZEN``)."""
+    ``max_step_size / min_momentum_scale`` (δ is frozen at 1 here: ``UHA_FROZEN``).
+    ``max_damping``: the guide's cap on η (``--uha-max-damping``; 1 by default, η in
+    (0, 1) as in the paper)."""
     if not (isinstance(K, int) and K >= 1):
         raise ValueError(f"K must be a positive integer, got {K!r}.")
     if not param_lr_scale > 0:
         raise ValueError(f"param_lr_scale must be positive, got {param_lr_scale!r}.")
     model, guide = make_uha_guide(arch, K, data.pixel_mean, init_step_size, max_step_size,
-                                  precondition, min_momentum_scale)
+                                  precondition, min_momentum_scale, max_damping)
     num_steps = options.epochs * (int(data.train.shape[0]) // options.batch_size)
     optimizer = uha_optimizer(options.lr, param_lr_scale, train_encoder, param_lr_decay, num_steps)
     validate = _uha_validation_bound(guide, data, options.validation_samples)
@@ -1119,7 +1122,7 @@ _BASE_DEFAULTS = dict(
     ais_damping=0.8, ais_schedule="linear", ais_batch=None, seed=0, init="vae",
     methods=["vae", "iwae", "uha", "uha_enc"], uha_init_step_size=0.02, uha_param_lr_scale=1.0,
     uha_max_step_size=UHA_MAX_STEP_SIZE, uha_precondition=False, uha_param_lr_decay=None,
-    uha_min_momentum_scale=None,
+    uha_min_momentum_scale=None, uha_max_damping=1.0,
 )
 
 
@@ -1165,6 +1168,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--uha-min-momentum-scale", type=float, default=None,
                    help="UHA rows: a floor on Σ's sds, so no coordinate's step exceeds ε's cap "
                         "over it (default: none, as in the paper)")
+    p.add_argument("--uha-max-damping", type=float, default=None,
+                   help="UHA rows: η's upper end, below 1 for a momentum refresh at every "
+                        "transition (default 1: η in (0, 1), as in the paper)")
     p.add_argument("--ais-steps", type=int, default=None, help="AIS transitions (bridging densities)")
     p.add_argument("--ais-leapfrog", type=int, default=None)
     p.add_argument("--ais-step-size", type=float, default=None)
@@ -1299,7 +1305,8 @@ def main(argv=None):
                       "max_step_size": args.uha_max_step_size,
                       "precondition": args.uha_precondition,
                       "param_lr_decay": args.uha_param_lr_decay,
-                      "min_momentum_scale": args.uha_min_momentum_scale} if method.startswith("uha") else {})
+                      "min_momentum_scale": args.uha_min_momentum_scale,
+                      "max_damping": args.uha_max_damping} if method.startswith("uha") else {})
             result = METHODS[method].train(
                 jax.random.fold_in(method_key, 2 * K), data, arch, K, options(args.iwae_epochs), init,
                 **extra,
@@ -1335,6 +1342,7 @@ def report(args, data, arch, ais, rows, per_image, bdmc_rows, trained, complete=
            else " (Σ in z's units: `precondition=False`)")
         + (f" (Σ's sds ≥ {args.uha_min_momentum_scale:g})" if args.uha_min_momentum_scale is not None
            else "")
+        + (f" (η ≤ {args.uha_max_damping:g})" if args.uha_max_damping != 1 else "")
         + "; "
         "encoder frozen), UHA+enc the same "
         "with the encoder trained too; K = UHA transitions (K gradient evaluations). "

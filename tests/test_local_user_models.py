@@ -203,3 +203,26 @@ def test_a_floor_on_the_momentum_scales_holds_wherever_the_optimizer_takes_them(
     for bad in (0.0, 1.0, -0.1, float("nan")):
         with pytest.raises(ValueError, match="min_momentum_scale"):
             UHALocalGuide(conjugate_model, K=2, min_momentum_scale=bad)
+
+
+def test_a_cap_on_the_damping_holds_wherever_the_optimizer_takes_it():
+    """max_damping: however far the optimizer pushes η up (to +30 in unconstrained
+    space), it stays below the cap, so the momentum is refreshed at every transition;
+    without it η goes to ~1. Bad values, and an init_damping at or over the cap, refused."""
+    cap = 0.8
+    etas = {}
+    for option in (1.0, cap):
+        guide = UHALocalGuide(conjugate_model, K=2, max_damping=option, init_damping=0.5)
+        svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())
+        state = svi.init(jax.random.PRNGKey(0), X, N, 6)
+        assert np.allclose(svi.get_params(state)["local_damping"], 0.5)
+        unconstrained = dict(svi.optim.get_params(state.optim_state))
+        unconstrained["local_damping"] = jnp.full_like(unconstrained["local_damping"], 30.0)
+        etas[option] = float(svi.constrain_fn(unconstrained)["local_damping"])
+    assert etas[1.0] > 1 - 1e-6
+    assert cap - 1e-6 < etas[cap] <= cap
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="max_damping"):
+            UHALocalGuide(conjugate_model, K=2, max_damping=bad)
+    with pytest.raises(ValueError, match="init_damping"):
+        UHALocalGuide(conjugate_model, K=2, max_damping=0.8, init_damping=0.9)

@@ -583,7 +583,7 @@ def _validation_bound(data: VAEData, num_samples: int, seed: int = 11) -> Callab
 def train_svi(
     rng_key: jax.Array, data: VAEData, model: Callable, guide: Callable, options: TrainOptions,
     validate: Callable[[dict], float], init: dict | None = None, loss=None, label: str = "",
-    optimizer=None,
+    optimizer=None, on_step: Callable | None = None,
 ) -> TrainResult:
     """Train ``model(x_batch, num_data)`` and ``guide`` with NumPyro ``SVI`` (``optimizer``,
     default optax Adam at ``options.lr``; ``loss`` default ``Trace_ELBO()``) stepped by
@@ -591,7 +591,9 @@ def train_svi(
     ``init_params``; sites it lacks, e.g. a new guide's own, start from their
     initializers). ``aux`` of the result holds the model, guide and ``SVI`` object. The
     VAE and UHA trainers use it. ``rng_key`` is split as :func:`train_iwae` splits it, so
-    a run with the IWAE's key sees the same binarizations and batches."""
+    a run with the IWAE's key sees the same binarizations and batches. ``on_step``:
+    called as ``on_step(state, svi)`` after every training step (for a probe; the
+    step itself is the same jitted update)."""
     num_data = int(data.train.shape[0])
     svi = SVI(model, guide, optimizer or optax.adam(options.lr), loss or Trace_ELBO())
     key_init, key_loop, _ = jax.random.split(rng_key, 3)
@@ -602,6 +604,14 @@ def train_svi(
     def step(state, x_batch):
         state, loss_value = svi.update(state, x_batch, num_data)
         return state, -loss_value / num_data  # the bound per image
+
+    if on_step is not None:
+        jitted_step = step
+
+        def step(state, x_batch):
+            state, objective = jitted_step(state, x_batch)
+            on_step(state, svi)
+            return state, objective
 
     result = train_loop(key_loop, data, options, step, state, svi.get_params, validate, label=label)
     return result._replace(aux={"model": model, "guide": guide, "svi": svi})
@@ -722,6 +732,7 @@ def train_uha(
     param_lr_scale: float = 1.0, max_step_size: float = UHA_MAX_STEP_SIZE,
     precondition: bool = False, param_lr_decay: float | None = None,
     min_momentum_scale: float | None = None, max_damping: float = 1.0,
+    monitor: optax.GradientTransformation | None = None, on_step: Callable | None = None,
 ) -> TrainResult:
     """UHA (``UHALocalGuide``, K transitions) trained with :func:`train_svi` and
     ``Trace_ELBO``, whose loss is −(N/B) Σ_i log w_i: the minibatch UHA bound.
@@ -747,7 +758,9 @@ def train_uha(
     none by default, as in the paper): with it, no coordinate's leapfrog step exceeds
     ``max_step_size / min_momentum_scale`` (δ is frozen at 1 here: ``UHA_FROZEN``).
     ``max_damping``: the guide's cap on η (``--uha-max-damping``; 1 by default, η in
-    (0, 1) as in the paper)."""
+    (0, 1) as in the paper). ``monitor``, ``on_step``: for a probe
+    (``benchmarks.vae_gradients``): an optax transformation chained in front of the
+    optimizer, and :func:`train_svi`'s per-step callback."""
     if not (isinstance(K, int) and K >= 1):
         raise ValueError(f"K must be a positive integer, got {K!r}.")
     if not param_lr_scale > 0:
@@ -756,9 +769,12 @@ def train_uha(
                                   precondition, min_momentum_scale, max_damping)
     num_steps = options.epochs * (int(data.train.shape[0]) // options.batch_size)
     optimizer = uha_optimizer(options.lr, param_lr_scale, train_encoder, param_lr_decay, num_steps)
+    if monitor is not None:
+        optimizer = optax.chain(monitor, optimizer)
     validate = _uha_validation_bound(guide, data, options.validation_samples)
     return train_svi(rng_key, data, model, guide, options, validate, init,
-                     label=f"UHA{'+enc' if train_encoder else ''} K={K}", optimizer=optimizer)
+                     label=f"UHA{'+enc' if train_encoder else ''} K={K}", optimizer=optimizer,
+                     on_step=on_step)
 
 
 def uha_optimizer(lr: float, param_lr_scale: float = 1.0, train_encoder: bool = False,

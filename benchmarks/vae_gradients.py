@@ -1,11 +1,10 @@
 """Per-step gradient norms and diverged chains of a UHA VAE fit (a probe, issue 15).
 
-Reruns :func:`benchmarks.vae.train_uha`'s fit step for step (the plain VAE first, then
-``UHALocalGuide`` from it, with the keys, batches and optimizer ``benchmarks.vae`` uses for
-the same options, so its validation bounds are that benchmark's) with one pass-through
-optax transformation in front of the optimizer. At every step it records the global norm
-of the decoder's gradient, of the guide's own parameters' gradient (ε, η, β, Σ), and the
-number of diverged chains (the loss gradient of the guide's latch parameter
+Runs :func:`benchmarks.vae.train_uha`'s fit (the plain VAE first, then ``UHALocalGuide``
+from it, with the key ``benchmarks.vae`` gives it at that K, so the same batches and
+optimizer) with one pass-through optax transformation in front of the optimizer. At
+every step it records the global norm of the decoder's gradient, of the guide's own
+parameters' gradient (ε, η, β, Σ), and the number of diverged chains (the loss gradient of the guide's latch parameter
 ``local_diverged`` is (N/B) × that number); per epoch it reports their median, 99th
 percentile and largest, with the validation bound and the annealing parameters.
 
@@ -25,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from numpyro.infer import SVI, Trace_ELBO
 
 from benchmarks import vae as V
 from benchmarks.common import write_results
@@ -70,64 +68,48 @@ def run(args) -> list[dict]:
                            test_subset=200, seed=args.seed)
     arch = V.Architecture(int(data.train.shape[1]), args.latent_dim, args.hidden)
     key = jax.random.PRNGKey(args.seed)
-    options = lambda epochs: V.TrainOptions(epochs, args.batch_size, args.lr, None, 1)  # noqa: E731
+
+    def options(epochs):
+        return V.TrainOptions(epochs, args.batch_size, args.lr, None, 1, args.validation_samples)
+
     vae = V.METHODS["vae"].train(jax.random.fold_in(key, 1), data, arch, 1,
                                  options(args.vae_epochs), None)
+    num_data = int(data.train.shape[0])
+    steps_per_epoch = num_data // args.batch_size
+    monitors, epoch_ends = [], []
+
+    def on_step(state, svi):
+        monitors.append(state.optim_state[1][1][0])  # (step, (params, chain state)): the monitor's
+        if len(monitors) % steps_per_epoch == 0:
+            params = svi.get_params(state)
+            epoch_ends.append({k: np.asarray(params[f"local_{k}"])
+                               for k in ("step_size", "damping", "momentum_scale")})
+
     # benchmarks.vae's key for UHA at this K (its rows share the IWAE's seed)
     method_key = jax.random.fold_in(key, 10 + sorted(V.METHODS).index(V.SEED_AS["uha"]))
-    model, guide = V.make_uha_guide(
-        arch, args.K, data.pixel_mean, args.init_step_size, V.UHA_MAX_STEP_SIZE,
-        args.precondition, args.min_momentum_scale, args.max_damping,
+    result = V.train_uha(
+        jax.random.fold_in(method_key, 2 * args.K), data, arch, args.K, options(args.epochs),
+        vae.params, init_step_size=args.init_step_size, param_lr_scale=args.param_lr_scale,
+        precondition=args.precondition, param_lr_decay=args.param_lr_decay,
+        min_momentum_scale=args.min_momentum_scale, max_damping=args.max_damping,
+        monitor=gradient_monitor(num_data, args.batch_size), on_step=on_step,
     )
-    num_data, batch = int(data.train.shape[0]), args.batch_size
-    steps_per_epoch = num_data // batch
-    optimizer = optax.chain(
-        gradient_monitor(num_data, batch),
-        V.uha_optimizer(args.lr, args.param_lr_scale, False, args.param_lr_decay,
-                        args.epochs * steps_per_epoch),
-    )
-    svi = SVI(model, guide, optimizer, Trace_ELBO())
-    key_init, key_loop, _ = jax.random.split(jax.random.fold_in(method_key, 2 * args.K), 3)
-    state = svi.init(key_init, V.binarize(key_init, data.train[:batch]), num_data,
-                     init_params=vae.params)
-
-    @jax.jit
-    def step(state, x_batch):
-        state, loss = svi.update(state, x_batch, num_data)
-        monitor = state.optim_state[1][1][0]  # (step, (params, chain state)); the monitor's
-        return state, -loss / num_data, monitor
-
-    validate = V._uha_validation_bound(guide, data, args.validation_samples)
     log = []
-    for epoch in range(1, args.epochs + 1):  # train_loop's batches, epoch by epoch
-        key_bin, key_perm = jax.random.split(jax.random.fold_in(key_loop, epoch))
-        images = V.binarize(key_bin, data.train)
-        order = jax.random.permutation(key_perm, num_data)[: steps_per_epoch * batch]
-        batches = images[order].reshape(steps_per_epoch, batch, -1)
-        objectives, monitors = [], []
-        for i in range(steps_per_epoch):
-            state, objective, monitor = step(state, batches[i])
-            objectives.append(objective)
-            monitors.append(monitor)
-        monitors = {k: np.asarray(jnp.stack([m[k] for m in monitors])) for k in monitors[0]}
-        params = svi.get_params(state)
-        scales = np.asarray(params["local_momentum_scale"])
-        record = {
+    for epoch, end in enumerate(epoch_ends, start=1):
+        steps = monitors[(epoch - 1) * steps_per_epoch: epoch * steps_per_epoch]
+        stacked = {k: np.asarray(jnp.stack([m[k] for m in steps])) for k in steps[0]}
+        log.append({
             "epoch": epoch,
-            "validation": validate(params),
-            "train": float(np.mean(np.asarray(jnp.stack(objectives)))),
-            "decoder_gradient": _stats(monitors["decoder"]),
-            "guide_gradient": _stats(monitors["guide"]),
-            "steps_with_diverged_chains": int((monitors["diverged"] > 0).sum()),
-            "step_size": float(params["local_step_size"]),
-            "damping": float(params["local_damping"]),
-            "momentum_scale_min": float(scales.min()),
-            "momentum_scale_median": float(np.median(scales)),
-        }
-        log.append(record)
-        print(f"epoch {epoch}: validation {record['validation']:.3f}, decoder gradient "
-              f"max/median {record['decoder_gradient']['max'] / record['decoder_gradient']['median']:.2f}, "
-              f"diverged steps {record['steps_with_diverged_chains']}", flush=True)
+            "validation": dict(result.validation)[epoch],
+            "train": result.train_objective[epoch - 1],
+            "decoder_gradient": _stats(stacked["decoder"]),
+            "guide_gradient": _stats(stacked["guide"]),
+            "steps_with_diverged_chains": int((stacked["diverged"] > 0).sum()),
+            "step_size": float(end["step_size"]),
+            "damping": float(end["damping"]),
+            "momentum_scale_min": float(end["momentum_scale"].min()),
+            "momentum_scale_median": float(np.median(end["momentum_scale"])),
+        })
     return log
 
 

@@ -182,6 +182,18 @@ def test_median_and_quantiles_are_those_of_the_draws(fitted):
     assert median["z"].shape == (6,)
 
 
+def _pushed(name, unconstrained_value, **options):
+    """A fresh guide's parameter ``local_<name>``: its initial value, and its value with the
+    optimizer's (unconstrained) value set to ``unconstrained_value``."""
+    guide = UHALocalGuide(conjugate_model, K=2, **options)
+    svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())
+    state = svi.init(jax.random.PRNGKey(0), X, N, 6)
+    unconstrained = dict(svi.optim.get_params(state.optim_state))
+    unconstrained[f"local_{name}"] = jnp.full_like(unconstrained[f"local_{name}"], unconstrained_value)
+    return (np.asarray(svi.get_params(state)[f"local_{name}"]),
+            np.asarray(svi.constrain_fn(unconstrained)[f"local_{name}"]))
+
+
 def test_a_floor_on_the_momentum_scales_holds_wherever_the_optimizer_takes_them():
     """min_momentum_scale: however far the optimizer pushes Σ's sds down (here to
     exp(-30) in unconstrained space), they stay above the floor, so no coordinate's step
@@ -189,15 +201,8 @@ def test_a_floor_on_the_momentum_scales_holds_wherever_the_optimizer_takes_them(
     floor = 0.25
     scales = {}
     for option in (None, floor):
-        guide = UHALocalGuide(conjugate_model, K=2, min_momentum_scale=option)
-        svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())
-        state = svi.init(jax.random.PRNGKey(0), X, N, 6)
-        unconstrained = dict(svi.optim.get_params(state.optim_state))
-        unconstrained["local_momentum_scale"] = jnp.full_like(
-            unconstrained["local_momentum_scale"], -30.0
-        )
-        scales[option] = np.asarray(svi.constrain_fn(unconstrained)["local_momentum_scale"])
-        assert np.all(np.asarray(svi.get_params(state)["local_momentum_scale"]) == 1.0)
+        initial, scales[option] = _pushed("momentum_scale", -30.0, min_momentum_scale=option)
+        assert np.all(initial == 1.0)
     assert np.all(scales[None] < 1e-6)
     assert np.all(scales[floor] >= floor) and np.all(scales[floor] < floor + 1e-6)
     for bad in (0.0, 1.0, -0.1, float("nan")):
@@ -212,13 +217,9 @@ def test_a_cap_on_the_damping_holds_wherever_the_optimizer_takes_it():
     cap = 0.8
     etas = {}
     for option in (1.0, cap):
-        guide = UHALocalGuide(conjugate_model, K=2, max_damping=option, init_damping=0.5)
-        svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())
-        state = svi.init(jax.random.PRNGKey(0), X, N, 6)
-        assert np.allclose(svi.get_params(state)["local_damping"], 0.5)
-        unconstrained = dict(svi.optim.get_params(state.optim_state))
-        unconstrained["local_damping"] = jnp.full_like(unconstrained["local_damping"], 30.0)
-        etas[option] = float(svi.constrain_fn(unconstrained)["local_damping"])
+        initial, eta = _pushed("damping", 30.0, max_damping=option, init_damping=0.5)
+        assert np.allclose(initial, 0.5)
+        etas[option] = float(eta)
     assert etas[1.0] > 1 - 1e-6
     assert cap - 1e-6 < etas[cap] <= cap
     for bad in (0.0, 1.5, float("nan")):

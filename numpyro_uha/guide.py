@@ -444,6 +444,11 @@ class UHAGuide(AutoContinuous):
         self._init_values = None
         self._setup_args = None
         self._jitted_draws = {}
+        # the last params checked and what the check found: a repeated draw with the same
+        # (immutable) arrays reads nothing back from the device for it
+        self._checked_params = _LastSeen()
+        # the same for the model arguments draws are compared with the setup data on
+        self._checked_data = _LastSeen()
         self._jitted_setup = {}
         self._divergence = DivergenceRecord()
         self._latch_constraint = LatchConstraint(self._divergence)
@@ -1353,12 +1358,17 @@ class UHAGuide(AutoContinuous):
             return
         if self._latch_name in params:
             check_latch(params[self._latch_name], self._divergence, "in the params given")
-        # NumPy, not jnp: under an outer jit even a concrete value's jnp result is traced.
-        # One device_get: the copies to the host overlap (one wait, not one per param).
-        host = jax.device_get(params)
-        bad = sorted(
-            name for name, value in host.items() if not np.all(np.isfinite(np.asarray(value)))
-        )
+        bad = self._checked_params.get(params)
+        if bad is None:
+            # NumPy, not jnp: under an outer jit even a concrete value's jnp result is
+            # traced. One device_get: the copies to the host overlap (one wait, not one
+            # per param).
+            host = jax.device_get(params)
+            bad = sorted(
+                name for name, value in host.items()
+                if not np.all(np.isfinite(np.asarray(value)))
+            )
+            self._checked_params.put(params, bad)
         if bad:
             raise FloatingPointError(
                 f"UHAGuide: parameter(s) {bad} contain NaN or inf; the training run diverged. "
@@ -1375,6 +1385,8 @@ class UHAGuide(AutoContinuous):
         # compiled functions do not pickle; they are rebuilt on first use
         state["_jitted_draws"] = {}
         state["_jitted_setup"] = {}
+        state["_checked_params"] = _LastSeen()
+        state["_checked_data"] = _LastSeen()
         state["_auto_batch_size"] = None  # sized again for the device it is loaded on
         state["_start_data"] = None  # derived again from the setup arguments
         return state
@@ -1387,6 +1399,8 @@ class UHAGuide(AutoContinuous):
         state.setdefault("_user_model", state.get("model"))
         state.setdefault("_user_init_loc_fn", state.get("init_loc_fn"))
         state.setdefault("coordinate_elbos", None)
+        state.setdefault("_checked_params", _LastSeen())
+        state.setdefault("_checked_data", _LastSeen())
         self.__dict__.update(state)
 
     # ------------------------------------------------------------- sampling
@@ -1399,8 +1413,13 @@ class UHAGuide(AutoContinuous):
 
     def _draw_impl(
         self, keys, params, arrays, batch_size, spec, corrected, with_info, with_samples=True,
-        sharding=None,
+        sharding=None, split=False,
     ):
+        """``(samples, log_weights, latent, info, finite)`` of the draws with ``keys``
+        (with ``split``: one raw key, split to ``batch_size`` keys here, in the same
+        program); ``finite`` flags the draws whose log weight and latent are finite."""
+        if split:
+            keys = jax.random.split(keys, batch_size)
         keys = shard_leading(keys, sharding)
         args, kwargs = _merge_static(arrays, spec)
         annealing = self.get_annealing_params(params)
@@ -1427,7 +1446,8 @@ class UHAGuide(AutoContinuous):
 
         # Equal batches in one scan: lax.map's remainder batch would run beside the scan,
         # which can deadlock XLA:CPU's batched LAPACK kernels (see batched_map).
-        return shard_leading(batched_map(one, keys, batch_size), sharding)
+        samples, log_weights, z, info = shard_leading(batched_map(one, keys, batch_size), sharding)
+        return samples, log_weights, z, info, _finite_draws(log_weights, z)
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True,
@@ -1447,6 +1467,7 @@ class UHAGuide(AutoContinuous):
                 self._draw_impl,
                 static_argnames=(
                     "batch_size", "spec", "corrected", "with_info", "with_samples", "sharding",
+                    "split",
                 ),
             )
         sharding = self.sharding
@@ -1472,13 +1493,18 @@ class UHAGuide(AutoContinuous):
             width = min(batch_size or self.sample_batch_size, _chunk_bucket(num_draws))
             width = -(-width // shards) * shards  # whole shards
             num_chunks = -(-num_draws // width)
-            keys = _draw_keys(rng_key, num_draws, num_chunks * width)
+            if num_chunks == 1 and sharding is None and jax.config.jax_threefry_partitionable:
+                # one chunk: the key split in the chain's program (one dispatch; the
+                # same keys as _draw_keys', key i of a split not depending on its size)
+                chunks = [draw(jnp.asarray(rng_key), batch_size=width, split=True)]
+            else:
+                keys = _draw_keys(rng_key, num_draws, num_chunks * width)
 
-            def place(i):
-                chunk = keys if num_chunks == 1 else _key_chunk(keys, i * width, width)
-                return chunk if sharding is None else put_global(np.asarray(chunk), sharding)
+                def place(i):
+                    chunk = keys if num_chunks == 1 else _key_chunk(keys, i * width, width)
+                    return chunk if sharding is None else put_global(np.asarray(chunk), sharding)
 
-            chunks = [draw(place(i), batch_size=width) for i in range(num_chunks)]
+                chunks = [draw(place(i), batch_size=width) for i in range(num_chunks)]
             if not all(x.is_fully_addressable for x in jax.tree.leaves(chunks)):
                 # across processes: every process gets all the draws
                 out = jax.tree.map(
@@ -1495,12 +1521,12 @@ class UHAGuide(AutoContinuous):
             if num_draws % shards:
                 draw = partial(draw, sharding=None)  # an uneven split: not sharded
             out = draw(keys, batch_size=batch_size or self.sample_batch_size)
-        samples, log_weights, latent, info = out
+        samples, log_weights, latent, info, finite = out
         draws = WeightedDraws(samples, log_weights, latent, info)
         # Traced values (an outer jit or vmap): nothing can be counted or dropped, the
         # draws are returned as they are ("keep").
         if nonfinite != "keep" and not _is_tracer((log_weights, latent)):
-            finite = np.asarray(_finite_draws(log_weights, latent))
+            finite = np.asarray(finite)
             bad = num_draws - int(np.sum(finite))
             self.warn_if_worse_than_start(log_weights, model_args=(args, kwargs), stacklevel=4)
             # the public methods (``warn_as``, their name) also judge the weights; the
@@ -1554,10 +1580,19 @@ class UHAGuide(AutoContinuous):
         """
         if self._start_elbo is None or _is_tracer(log_weights):
             return False
-        if model_args is not None and not _same_data(
-            _data_fingerprint(*_split_static(tuple(model_args))), self._setup_fingerprint()
-        ):
-            return False
+        if model_args is not None:
+            arrays, spec = _split_static(tuple(model_args))
+            setup = self._setup_fingerprint()
+            # remembered for the last arguments seen (the same JAX arrays), while the
+            # setup data and the static arguments are the same too
+            seen = self._checked_data.get(arrays)
+            if seen is not None and seen[0] is setup and seen[1] == spec:
+                same = seen[2]
+            else:
+                same = _same_data(_data_fingerprint(arrays, spec), setup)
+                self._checked_data.put(arrays, (setup, spec, same))
+            if not same:
+                return False
         log_w = np.asarray(log_weights, np.float64).ravel()
         log_w = log_w[np.isfinite(log_w)]
         if log_w.size < START_ELBO_MIN_DRAWS:
@@ -1646,7 +1681,9 @@ class UHAGuide(AutoContinuous):
         large ``sample_shape`` fit in memory. The chunk width is 2^k or 3 · 2^(k-1) (64,
         96, 128, 192, ... up to ``sample_batch_size``), and the chain is compiled once per
         width: a new ``sample_shape`` of at least ``sample_batch_size`` draws, or one
-        that rounds up to an already used width, reuses it. Draw ``i`` is the same for every
+        that rounds up to an already used width, reuses it (draws that fit in one chunk
+        split their key in the same program as the chain, one call to the device, so a
+        width used both ways is compiled twice). Draw ``i`` is the same for every
         ``sample_shape`` with more than ``i`` draws (same key). Returns a dict of constrained latent and
         deterministic site values with leading shape ``sample_shape``.
 
@@ -2049,6 +2086,40 @@ def _on_mesh(sharding, tree):
         return put_global(x, replicated(sharding))
 
     return jax.tree.map(place, tree)
+
+
+class _LastSeen:
+    """A value computed from a pytree of JAX arrays, remembered for the last tree seen.
+
+    ``get(tree)`` returns it when ``tree``'s leaves are the very same JAX arrays (JAX
+    arrays are immutable: same objects, same values) in the same structure, else ``None``;
+    any other leaf (a NumPy array can change in place) is never remembered. It holds
+    the last tree's leaves, so their ids cannot be reused while it does.
+    """
+
+    def __init__(self):
+        self._key = None
+        self._value = None
+
+    @staticmethod
+    def _key_of(tree):
+        leaves, treedef = jax.tree.flatten(tree)
+        if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+                   for x in leaves):
+            return None
+        return treedef, tuple(leaves)
+
+    def get(self, tree):
+        key = self._key_of(tree)
+        if key is None or self._key is None or key[0] != self._key[0]:
+            return None
+        if len(key[1]) != len(self._key[1]) or any(a is not b for a, b in zip(key[1], self._key[1])):
+            return None
+        return self._value
+
+    def put(self, tree, value):
+        key = self._key_of(tree)
+        self._key, self._value = (key, value) if key is not None else (None, None)
 
 
 def _data_fingerprint(arrays, spec):

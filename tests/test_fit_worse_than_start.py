@@ -13,6 +13,7 @@ import math
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -135,6 +136,28 @@ def test_draws_on_other_data_are_not_compared_with_q(fitted):
     assert not guide.warn_if_worse_than_start(low, model_args=((other,), {}))
     with pytest.warns(UHAFitWarning):
         assert guide.warn_if_worse_than_start(low, model_args=((cm.Y,), {}))
+
+
+def test_the_data_comparison_follows_data_changed_in_place_or_replaced(fitted):
+    """Whether draws are on the setup data is remembered for the last arguments seen,
+    by identity of their (immutable) JAX arrays only: a NumPy array changed in place,
+    or another JAX array, is compared again."""
+    guide, _ = fitted
+    low = np.full(500, guide._start_elbo[0] - 100.0)
+    same = jnp.asarray(cm.Y)
+    other = same + 10 * cm.PRIOR_SD
+    with pytest.warns(UHAFitWarning):
+        assert guide.warn_if_worse_than_start(low, model_args=((same,), {}))
+    with pytest.warns(UHAFitWarning):  # remembered
+        assert guide.warn_if_worse_than_start(low, model_args=((same,), {}))
+    assert not guide.warn_if_worse_than_start(low, model_args=((other,), {}))
+    with pytest.warns(UHAFitWarning):
+        assert guide.warn_if_worse_than_start(low, model_args=((same,), {}))
+    host = np.array(cm.Y)
+    with pytest.warns(UHAFitWarning):
+        assert guide.warn_if_worse_than_start(low, model_args=((host,), {}))
+    host += 10 * cm.PRIOR_SD
+    assert not guide.warn_if_worse_than_start(low, model_args=((host,), {}))
 
 
 def test_heavy_tailed_weights_warn_from_sample_posterior(fitted):

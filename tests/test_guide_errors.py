@@ -237,6 +237,24 @@ def test_sample_posterior_with_nan_params_names_the_param(initialized, name):
         guide.sample_posterior_with_log_weights(jax.random.PRNGKey(0), bad, Y)
 
 
+def test_params_are_checked_again_when_they_change_in_place_or_are_replaced(initialized):
+    """The check's result is remembered for the last params seen, by identity of their
+    (immutable) JAX arrays only: NumPy params changed in place, and a new JAX array in
+    the same dict structure, are checked again."""
+    guide, params = initialized
+    guide.sample_posterior(jax.random.PRNGKey(0), params, Y)
+    guide.sample_posterior(jax.random.PRNGKey(0), params, Y)  # the same: remembered
+    host = {k: np.array(v) for k, v in params.items()}
+    guide.sample_posterior(jax.random.PRNGKey(0), host, Y)
+    host["auto_loc"][0] = np.nan
+    with pytest.raises(FloatingPointError, match="auto_loc"):
+        guide.sample_posterior(jax.random.PRNGKey(0), host, Y)
+    replaced = dict(params, auto_loc=params["auto_loc"].at[0].set(jnp.nan))
+    with pytest.raises(FloatingPointError, match="auto_loc"):
+        guide.sample_posterior(jax.random.PRNGKey(0), replaced, Y)
+    guide.sample_posterior(jax.random.PRNGKey(0), params, Y)  # the good ones again
+
+
 def test_nan_data_at_draw_time_names_the_site_not_the_dynamics(initialized):
     """Set up on finite data, drawn with a NaN in y: every weight is non-finite because
     of the data, and the error says so (it used to blame the step size)."""

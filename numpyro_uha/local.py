@@ -1024,8 +1024,16 @@ class UHALocalGuide(AutoGuide):
                 f"a leapfrog step's energy error over {DIVERGENCE_ENERGY:g} nats), at data "
                 f"point(s) {points[:10].tolist()}{' ...' if points.size > 10 else ''}: their "
                 "draws are the diverged chains' end points, not draws from the posterior. "
-                "Train longer or with a smaller max_step_size (these data points' posteriors "
-                "may be far narrower than the others', see precondition=True).",
+                + (
+                    "With per_data_point=True, training on seldom brings such a data point "
+                    "back (its own step gets only a small back-off gradient, which Adam "
+                    "scales down by the larger gradients it had before): retrain with "
+                    "precondition=True (steps in q_i's units), a smaller learning rate or "
+                    "max_step_size, or min_momentum_scale."
+                    if self.per_data_point else
+                    "Train longer or with a smaller max_step_size (these data points' "
+                    "posteriors may be far narrower than the others', see precondition=True)."
+                ),
                 UHADivergenceWarning,
                 stacklevel=2,
             )

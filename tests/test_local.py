@@ -807,6 +807,25 @@ def test_a_data_point_whose_own_step_diverges_backs_off_and_recovers():
     assert float(params["local_scale"][0, 0]) < 0.5 * float(start["local_scale"][0, 0])
 
 
+@pytest.mark.parametrize("per_data_point", [True, False])
+def test_the_divergence_warning_of_the_draws_advises_by_parametrization(per_data_point):
+    """Data point 0's chain diverges at the start (its posterior sd 0.005, its step
+    0.02): the draws name it and advise what helps; per data point, training on seldom
+    does (see the test above), so that advice is not given there."""
+    n = 8
+    x = jnp.asarray(np.random.default_rng(0).normal(size=n))
+    s = jnp.full(n, 0.5).at[0].set(5e-3)
+    args = (x, s, n, n)
+    guide = UHALocalGuide(_narrow_model, K=4, per_data_point=per_data_point, precondition=False)
+    svi = SVI(_narrow_model, guide, optax.adam(5e-2), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), *args))
+    with pytest.warns(UHADivergenceWarning, match=r"at data point\(s\) \[0\]") as caught:
+        guide.sample_posterior(jax.random.PRNGKey(1), params, *args, sample_shape=(4,))
+    message = str(caught[0].message)
+    assert ("precondition=True (steps in q_i's units)" in message) == per_data_point
+    assert ("Train longer" in message) != per_data_point
+
+
 def test_a_fitted_guide_with_global_latents_pickles_and_draws_the_same():
     """The global guide is fit on the model with the plate's sites hidden; that hidden
     model must pickle (NumPyro's ``block`` keeps a lambda), and the unpickled guide draws

@@ -1197,6 +1197,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bdmc-images", type=int, default=None, help="0 skips BDMC")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--name", default=None, help="results file stem (default vae_<dataset>)")
+    p.add_argument("--vae-cache", default=None,
+                   help="folder: reuse the plain VAE trained by an earlier run with the same "
+                        "VAE arguments (saved there)")
     return p
 
 
@@ -1307,7 +1310,8 @@ def main(argv=None):
     num_rows = ("vae" in args.methods) + len(others) * len(args.K)
     vae = None
     if "vae" in args.methods or args.init == "vae":
-        vae = METHODS["vae"].train(jax.random.fold_in(key, 1), data, arch, 1, options(args.epochs), None)
+        vae = _cached_vae(args, lambda: METHODS["vae"].train(
+            jax.random.fold_in(key, 1), data, arch, 1, options(args.epochs), None))
     if "vae" in args.methods:
         finish("vae", 1, vae, jax.random.fold_in(key, 101))
     # K by K (every method at one K before the next K), so that a run stopped early has
@@ -1332,6 +1336,34 @@ def main(argv=None):
 
 
 _last_report = [""]
+
+#: The arguments the plain VAE's training depends on (``--vae-cache``'s key).
+VAE_CACHE_KEYS = ("dataset", "data_dir", "validation_size", "test_subset", "seed", "latent_dim",
+                  "hidden", "epochs", "batch_size", "lr", "patience", "validate_every")
+
+
+def _cached_vae(args, train):
+    """``train()``, or its result saved by an earlier run with the same VAE arguments
+    in ``--vae-cache`` (a folder; none: always train). For experiments on the K-models
+    only: the VAE is the same either way (same keys, same data)."""
+    if args.vae_cache is None:
+        return train()
+    import hashlib
+    import pathlib
+    import pickle
+
+    settings = {k: getattr(args, k) for k in VAE_CACHE_KEYS}
+    digest = hashlib.sha256(repr(sorted(settings.items())).encode()).hexdigest()[:16]
+    path = pathlib.Path(args.vae_cache) / f"vae_{digest}.pkl"
+    if path.exists():
+        print(f"VAE from {path} ({settings})", flush=True)
+        with path.open("rb") as f:
+            return pickle.load(f)
+    result = train()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        pickle.dump(jax.device_get(result), f)
+    return result
 
 
 def report(args, data, arch, ais, rows, per_image, bdmc_rows, trained, complete=True):

@@ -1344,8 +1344,9 @@ VAE_CACHE_KEYS = ("dataset", "data_dir", "validation_size", "test_subset", "seed
 
 def _cached_vae(args, train):
     """``train()``, or its result saved by an earlier run with the same VAE arguments
-    in ``--vae-cache`` (a folder; none: always train). For experiments on the K-models
-    only: the VAE is the same either way (same keys, same data)."""
+    in ``--vae-cache`` (a folder; none: always train), without ``aux`` (the plain VAE's
+    evaluation does not use it). For experiments on the K-models only: the VAE is the
+    same either way (same keys, same data)."""
     if args.vae_cache is None:
         return train()
     import hashlib
@@ -1361,8 +1362,8 @@ def _cached_vae(args, train):
             return pickle.load(f)
     result = train()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:
-        pickle.dump(jax.device_get(result), f)
+    with path.open("wb") as f:  # aux (the model, guide and SVI objects) does not pickle
+        pickle.dump(jax.device_get(result._replace(aux=None)), f)
     return result
 
 

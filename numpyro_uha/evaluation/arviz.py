@@ -271,7 +271,7 @@ def to_inference_data(
     if observed and log_likelihood:
         # At the distinct UHA draws, then copied along with them.
         pointwise = _pointwise_log_likelihood(
-            guide, params, samples, args, kwargs, getattr(guide, "sample_batch_size", 1024)
+            guide, params, samples, args, kwargs, getattr(guide, "sample_batch_size", 1008)
         )
         log_lik = {name: by_chain(value[index]) for name, value in pointwise.items()}
 

@@ -152,9 +152,19 @@ def measure(name, args):
         return lambda: log_z_bracket(g, key, params, s, *model_args, num_q_draws=m,
                                      batch_size=bracket_batch).lower
 
+    def sample_posterior_in_jit(g, m):
+        jitted = jax.jit(lambda key, params: g.sample_posterior(key, params, *model_args, sample_shape=(m,)))
+        return lambda: jitted(key, params)
+
     rows = {}
     g = _fresh(guide)
     rows["UHA sample_posterior"] = _time_calls(sample_posterior(g, n), sample_posterior(g, n_new), args.repeats)
+    # the same draws in one program of the user's (no host-side work; a new shape is a
+    # new program): the plain call's second time against the draws' own
+    g = _fresh(guide)
+    rows["UHA sample_posterior in jax.jit"] = _time_calls(
+        sample_posterior_in_jit(g, n), sample_posterior_in_jit(g, n_new), args.repeats
+    )
     g = _fresh(guide)
     rows["log_z"] = _time_calls(log_z_call(g, n), log_z_call(g, n_new), args.repeats)
     g = _fresh(guide)
@@ -299,7 +309,9 @@ def main(argv=None):
         "hais and sandwich with the guide's sample_batch_size. Seconds, wall clock; in brackets "
         "the XLA compilations the call ran (second: the most over the repeats). *Per-call jit*: "
         "the functional layer on guide.get_logdensity_fn, the guide-level path before this "
-        "change (the same estimates). UHALocalGuide rows (K = "
+        "change (the same estimates). *In jax.jit*: the same draws inside the user's own "
+        "`jax.jit` (one program; no host-side checks; a new shape compiles a new program): "
+        "what the draws themselves take. UHALocalGuide rows (K = "
         f"{args.local_K}, {args.steps} SVI steps, models of benchmarks.user_models_local): "
         "draws and log Z of the first B data points (log Z given the globals' posterior "
         "means), d its local dimension.\n\n"

@@ -1362,8 +1362,10 @@ def _cached_vae(args, train):
             return pickle.load(f)
     result = train()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:  # aux (the model, guide and SVI objects) does not pickle
+    partial_path = path.with_suffix(".partial")  # renamed once written: never half a file
+    with partial_path.open("wb") as f:  # aux (the model, guide and SVI objects) does not pickle
         pickle.dump(jax.device_get(result._replace(aux=None)), f)
+    partial_path.replace(path)
     return result
 
 

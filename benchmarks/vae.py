@@ -1213,7 +1213,10 @@ def resolve_args(argv=None) -> argparse.Namespace:
             setattr(args, key, value)
     if any(k < 1 for k in args.K):
         raise SystemExit(f"--K values must be positive, got {args.K}.")
-    args.name = args.name or f"vae_{args.dataset.replace('-', '_')}"
+    # a quick (smoke) run never writes over a real run's results under the default name
+    args.name = args.name or (
+        f"vae_{args.dataset.replace('-', '_')}" + ("_quick" if args.protocol == "quick" else "")
+    )
     return args
 
 

@@ -319,3 +319,12 @@ def test_bad_training_options_are_named():
         V.load_vae_data("digits", test_subset=1000)
     with pytest.raises(ValueError, match="dataset must be"):
         V.load_vae_data("cifar")
+
+
+def test_a_quick_run_does_not_take_a_real_runs_default_name():
+    """``--quick`` without ``--name`` writes ``vae_<dataset>_quick``, not the committed
+    ``vae_<dataset>`` results of a real run."""
+    assert V.resolve_args(["--quick"]).name == "vae_digits_quick"
+    assert V.resolve_args(["--dataset", "fashion-mnist", "--smoke"]).name == "vae_fashion_mnist_quick"
+    assert V.resolve_args([]).name == "vae_digits"
+    assert V.resolve_args(["--quick", "--name", "mine"]).name == "mine"

@@ -120,7 +120,10 @@ Run: ``python -m benchmarks.vae --dataset {digits,fashion-mnist,mnist} [--protoc
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
+import pathlib
+import pickle
 import time
 from functools import partial
 from typing import Callable, NamedTuple
@@ -1352,10 +1355,6 @@ def _cached_vae(args, train):
     same either way (same keys, same data)."""
     if args.vae_cache is None:
         return train()
-    import hashlib
-    import pathlib
-    import pickle
-
     settings = {k: getattr(args, k) for k in VAE_CACHE_KEYS}
     digest = hashlib.sha256(repr(sorted(settings.items())).encode()).hexdigest()[:16]
     path = pathlib.Path(args.vae_cache) / f"vae_{digest}.pkl"

@@ -568,14 +568,16 @@ def _narrow_model(x, s, num_data, batch):
         numpyro.sample("x", dist.Normal(z, s[idx]), obs=x[idx])
 
 
-def _narrow_setup(s0):
+def _narrow_setup(s0, per_data_point=False, lr=1e-3):
+    """``(guide, svi, state, args)`` on 8 data points, data point 0's posterior sd about
+    ``s0``, the others' 0.5."""
     n = 8
     x = jnp.asarray(np.random.default_rng(0).normal(size=n))
     s = jnp.full(n, 0.5).at[0].set(s0)
     # not preconditioned: ε starts at 0.02 in the model's units, whatever q_i's scale
-    guide = UHALocalGuide(_narrow_model, K=4, precondition=False)
+    guide = UHALocalGuide(_narrow_model, K=4, per_data_point=per_data_point, precondition=False)
     args = (x, s, n, n)
-    svi = SVI(_narrow_model, guide, optax.adam(1e-3), Trace_ELBO())
+    svi = SVI(_narrow_model, guide, optax.adam(lr), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0), *args)
     return guide, svi, state, args
 
@@ -780,15 +782,9 @@ def test_a_data_point_whose_own_step_diverges_backs_off_and_recovers():
     its step). While it diverges q_0 gets its plain ELBO term's gradient, large for so
     narrow a posterior, which Adam's second moments keep for a while: recovery takes
     about 300 steps here (about 100 without that gradient)."""
-    n = 8
-    x = jnp.asarray(np.random.default_rng(0).normal(size=n))
-    s = jnp.full(n, 0.5).at[0].set(5e-3)
-    args = (x, s, n, n)
-    guide = UHALocalGuide(_narrow_model, K=4, per_data_point=True, precondition=False)
-    svi = SVI(_narrow_model, guide, optax.adam(5e-2), Trace_ELBO())
-    state = svi.init(jax.random.PRNGKey(0), *args)
+    guide, svi, state, args = _narrow_setup(5e-3, per_data_point=True, lr=5e-2)
     key = jax.random.PRNGKey(1)
-    idx = jnp.arange(n)
+    idx = jnp.arange(args[2])
     start = svi.get_params(state)
     log_w = guide.log_weights(key, start, *args, num_samples=8, subsample_idx=idx)
     assert np.all(np.asarray(log_w[:, 0]) < -1e4)  # the set-up: it diverges
@@ -812,13 +808,8 @@ def test_the_divergence_warning_of_the_draws_advises_by_parametrization(per_data
     """Data point 0's chain diverges at the start (its posterior sd 0.005, its step
     0.02): the draws name it and advise what helps; per data point, training on seldom
     does (see the test above), so that advice is not given there."""
-    n = 8
-    x = jnp.asarray(np.random.default_rng(0).normal(size=n))
-    s = jnp.full(n, 0.5).at[0].set(5e-3)
-    args = (x, s, n, n)
-    guide = UHALocalGuide(_narrow_model, K=4, per_data_point=per_data_point, precondition=False)
-    svi = SVI(_narrow_model, guide, optax.adam(5e-2), Trace_ELBO())
-    params = svi.get_params(svi.init(jax.random.PRNGKey(0), *args))
+    guide, svi, state, args = _narrow_setup(5e-3, per_data_point=per_data_point)
+    params = svi.get_params(state)
     with pytest.warns(UHADivergenceWarning, match=r"at data point\(s\) \[0\]") as caught:
         guide.sample_posterior(jax.random.PRNGKey(1), params, *args, sample_shape=(4,))
     message = str(caught[0].message)

@@ -23,6 +23,7 @@ from numpyro_uha._weights import (  # noqa: F401 -- the public ones re-exported
     khat_verdict,
     psis_khat,
 )
+from numpyro_uha.guide import CPU_BATCH_PER_DEVICE
 
 __all__ = [
     "ELBO_SE_BAD",
@@ -271,7 +272,8 @@ def to_inference_data(
     if observed and log_likelihood:
         # At the distinct UHA draws, then copied along with them.
         pointwise = _pointwise_log_likelihood(
-            guide, params, samples, args, kwargs, getattr(guide, "sample_batch_size", 1008)
+            guide, params, samples, args, kwargs,
+            getattr(guide, "sample_batch_size", CPU_BATCH_PER_DEVICE),
         )
         log_lik = {name: by_chain(value[index]) for name, value in pointwise.items()}
 

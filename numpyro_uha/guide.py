@@ -53,7 +53,12 @@ from numpyro_uha._precondition import (
     StandardizedReal,
     _scale_corr_inverse,
 )
-from numpyro_uha._weights import _warn_if_poor_fit
+from numpyro_uha._weights import (
+    WeightSummary,
+    _warn_poor_fit,
+    summary_khat,
+    weight_summary,
+)
 from numpyro_uha.core import (
     AnnealingInfo,
     AnnealingParams,
@@ -1534,17 +1539,27 @@ class UHAGuide(AutoContinuous):
         # Traced values (an outer jit or vmap): nothing can be counted or dropped, the
         # draws are returned as they are ("keep").
         if nonfinite != "keep" and not _is_tracer((log_weights, latent)):
-            finite = np.asarray(finite)
-            bad = num_draws - int(np.sum(finite))
-            self.warn_if_worse_than_start(log_weights, model_args=(args, kwargs), stacklevel=4)
-            # the public methods (``warn_as``, their name) also judge the weights; the
-            # evaluation layer, which calls _draws too, does that itself
-            if warn_as is not None and num_draws >= KHAT_MIN_DRAWS:
-                _warn_if_poor_fit(
-                    np.where(finite, np.asarray(log_weights, np.float64).ravel(), -np.inf),
-                    f"UHAGuide.{warn_as}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
+            # The checks read a few numbers of the log weights, summarized on the device
+            # (one program, one small copy), not the weights themselves. The public
+            # methods (``warn_as``, their name) also judge the weights; the evaluation
+            # layer, which calls _draws too, does that itself.
+            start = self._start_elbo_for((args, kwargs))
+            judge = warn_as is not None and num_draws >= KHAT_MIN_DRAWS
+            summary = weight_summary(
+                log_weights, finite, threshold=-np.inf if start is None else start[0] - 1.0,
+                khat=judge, median=start is not None,
+            )
+            bad = num_draws - summary.num_finite
+            if start is not None:
+                self._warn_if_worse(summary, start, stacklevel=3)
+            if judge and summary.num_finite >= 2:
+                _warn_poor_fit(
+                    summary_khat(summary, num_draws),
+                    math.sqrt(summary.var / summary.num_finite), summary.num_finite,
+                    num_draws, f"UHAGuide.{warn_as}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
                 )
             if bad:
+                finite = np.asarray(finite)
                 data = self._nonfinite_data_sites(args, kwargs)
                 if data:
                     raise ValueError(
@@ -1586,8 +1601,29 @@ class UHAGuide(AutoContinuous):
         (another ``X``, ``y``) are not compared with it (no warning). Without them the
         draws are taken to be on the setup data.
         """
-        if self._start_elbo is None or _is_tracer(log_weights):
+        if _is_tracer(log_weights):
             return False
+        start = self._start_elbo_for(model_args)
+        if start is None:
+            return False
+        log_w = np.asarray(log_weights, np.float64).ravel()
+        log_w = log_w[np.isfinite(log_w)]
+        if log_w.size < 2:
+            return False
+        elbo, se = _mean_and_se(log_w)
+        summary = WeightSummary(
+            log_w.size, elbo, (se * math.sqrt(log_w.size)) ** 2, float(np.median(log_w)),
+            int(np.sum(log_w < start[0] - 1.0)), float(log_w.min()), float(log_w.max()),
+            np.zeros(0),
+        )
+        return self._warn_if_worse(summary, start, stacklevel=stacklevel)
+
+    def _start_elbo_for(self, model_args):
+        """q's ELBO at the start, ``(elbo, se)``, if the draws on ``model_args`` (``(args,
+        kwargs)``; ``None``: the setup data) can be compared with it: measured (the warm
+        start or ``init_from``) on the same data. Else ``None``."""
+        if self._start_elbo is None:
+            return None
         if model_args is not None:
             arrays, spec = _split_static(tuple(model_args))
             setup = self._setup_fingerprint()
@@ -1600,25 +1636,30 @@ class UHAGuide(AutoContinuous):
                 same = _same_data(_data_fingerprint(arrays, spec), setup)
                 self._checked_data.put(arrays, (setup, spec, same))
             if not same:
-                return False
-        log_w = np.asarray(log_weights, np.float64).ravel()
-        log_w = log_w[np.isfinite(log_w)]
-        if log_w.size < START_ELBO_MIN_DRAWS:
+                return None
+        return self._start_elbo
+
+    def _warn_if_worse(self, summary, start_elbo, stacklevel):
+        """:meth:`warn_if_worse_than_start`'s test and warning from the finite log
+        weights' :class:`~numpyro_uha._weights.WeightSummary` (``num_below``: below
+        q's ELBO - 1 nat)."""
+        num = summary.num_finite
+        if num < START_ELBO_MIN_DRAWS:
             return False
-        start, start_se = self._start_elbo
-        elbo, se = _mean_and_se(log_w)
+        start, start_se = start_elbo
+        elbo, se = summary.mean, math.sqrt(summary.var / num)
         # A sign test too: a few enormous negative log weights make the mean's standard
         # error useless exactly when training has broken down. If the median log weight
         # were at least start - 1 nat, at most half the draws would fall below that.
-        below = float(np.mean(log_w < start - 1.0))
-        median = float(np.median(log_w))
+        below = summary.num_below / num
+        median = summary.median
         worse = []
         if start - elbo > max(1.0, 4.0 * math.hypot(se, start_se)):
             worse.append(
                 f"the UHA ELBO (mean log weight) is {elbo:.4g} ± {se:.2g}, "
                 f"{start - elbo:.3g} nats below q's"
             )
-        if below > 0.5 + 4.0 * math.sqrt(0.25 / log_w.size):
+        if below > 0.5 + 4.0 * math.sqrt(0.25 / num):
             worse.append(
                 f"{below:.0%} of the log weights lie more than 1 nat below q's ELBO (median "
                 f"{median:.4g}, {start - median:.3g} nats below)"
@@ -1627,7 +1668,7 @@ class UHAGuide(AutoContinuous):
             return False
         warnings.warn(
             "UHAGuide: training made the approximation worse than the Gaussian q it "
-            f"started from: over {log_w.size} draws at these params, {'; '.join(worse)}; "
+            f"started from: over {num} draws at these params, {'; '.join(worse)}; "
             f"q's ELBO is {start:.4g} ± {start_se:.2g}. The draws may be far from the "
             "posterior. This happens when the learning rate is too high for the annealing "
             "parameters (they drift until the dynamics break down): train with a smaller "

@@ -1,0 +1,121 @@
+"""The draws' weight checks read a summary of the log weights made on the device.
+
+``sample_posterior`` and ``sample_posterior_with_log_weights`` judge their draws (Pareto
+k̂, the ELBO's standard error, the worse-than-start test) from a few numbers computed in
+one device program (``_weights.weight_summary``) instead of copying every log weight to
+the host; k̂ comes from the M + 1 largest log weights alone (``_khat_from_largest``).
+Checked here against ArviZ's ``psislw`` (the k̂ exactly) and NumPy (the statistics, to
+float32 rounding), and end to end: the warnings name the same k̂ as ``psis_khat`` of the
+returned weights, and point at the caller's line.
+"""
+
+import warnings
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import conjugate_model as cm
+from numpyro_uha import UHAFitWarning
+from numpyro_uha._weights import (
+    _khat_from_largest,
+    psis_khat,
+    summary_khat,
+    tail_size,
+    weight_summary,
+)
+from numpyro_uha.guide import _marginal_std
+
+
+def _weight_sets():
+    """Log weights of many sizes and tails: heavy (Student-t 1 and 2), light, ties, a
+    share of -inf (zero weights), and the tiny sizes where ArviZ's tail has <= 4 draws."""
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 5, 10, 24, 25, 26, 30, 100, 225, 226, 1000, 4321, 10000):
+        yield f"t2-{n}", rng.standard_t(2, n) * 3.0
+        yield f"t1-{n}", rng.standard_t(1, n)
+        yield f"normal-{n}", -50.0 + 0.3 * rng.standard_normal(n)
+        ties = np.round(rng.standard_normal(n), 1)
+        yield f"ties-{n}", ties
+        zeros = rng.standard_t(3, n)
+        zeros[rng.random(n) < 0.3] = -np.inf
+        if np.isfinite(zeros).any():
+            yield f"zero-weights-{n}", zeros
+
+
+WEIGHT_SETS = list(_weight_sets())
+
+
+@pytest.mark.parametrize("log_w", [w for _, w in WEIGHT_SETS], ids=[i for i, _ in WEIGHT_SETS])
+def test_khat_from_the_largest_weights_is_arviz_psislw(log_w):
+    want = float(az.psislw(log_w.copy(), reff=1.0)[1])
+    if log_w.size > 2 and np.all(log_w[np.isfinite(log_w)] == log_w[0]):
+        want = -np.inf  # psis_khat's own case: equal weights, no tail
+    got = psis_khat(log_w)
+    assert got == want or (np.isnan(want) and np.isnan(got)), (got, want)
+    n = log_w.size
+    largest = np.sort(log_w)[n - tail_size(n) - 1:]
+    if largest.size == tail_size(n) + 1:
+        got = _khat_from_largest(np.random.default_rng(1).permutation(largest), n)
+        assert got == float(az.psislw(log_w.copy(), reff=1.0)[1]) or np.isnan(got)
+
+
+@pytest.mark.parametrize("log_w", [w for i, w in WEIGHT_SETS if int(i.split("-")[-1]) >= 24],
+                         ids=[i for i, _ in WEIGHT_SETS if int(i.split("-")[-1]) >= 24])
+def test_device_summary_matches_numpy(log_w):
+    lw = jnp.asarray(log_w, jnp.float32)
+    finite = jnp.isfinite(lw)
+    host = np.asarray(lw, np.float64)
+    ok = np.isfinite(host)
+    threshold = float(np.median(host[ok]))
+    s = weight_summary(lw, finite, threshold=threshold, khat=True, median=True)
+    kept = host[ok]
+    assert s.num_finite == kept.size
+    scale = np.abs(kept).max() + 1.0  # float32 sums: errors relative to the largest value
+    assert abs(s.mean - kept.mean()) < 1e-5 * scale
+    assert abs(s.var - kept.var(ddof=1)) < 1e-4 * (kept.var(ddof=1) + scale * 1e-2)
+    assert s.median == pytest.approx(np.median(kept), rel=1e-6, abs=1e-6)
+    assert s.num_below == np.sum(kept < np.float32(threshold))
+    assert (s.low, s.high) == (kept.min(), kept.max())
+    # k̂ of the weights with the non-finite ones at -inf, as psis_khat gives it
+    want = psis_khat(np.where(ok, host, -np.inf))
+    got = summary_khat(s, log_w.size)
+    assert got == want or (np.isnan(want) and np.isnan(got)), (got, want)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return cm.fit_guide()
+
+
+def _caught(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [w for w in caught if issubclass(w.category, UHAFitWarning)]
+
+
+def test_draws_warn_with_the_khat_of_their_own_weights_at_the_callers_line(fitted):
+    """q moved off the posterior: sample_posterior_with_log_weights warns that the fit is
+    worse than its start and that the weights are heavy-tailed, with the k̂ and the ELBO's
+    standard error of the very log weights it returns, at this file's line."""
+    guide, params = fitted
+    sd = _marginal_std(params["auto_scale_tril"])
+    broken = dict(params, auto_loc=params["auto_loc"] + 8 * sd)
+    draws, fit = _caught(lambda: guide.sample_posterior_with_log_weights(
+        jax.random.PRNGKey(3), broken, cm.Y, sample_shape=(1000,)))
+    log_w = np.asarray(draws.log_weights, np.float64)
+    assert {w.filename for w in fit} == {__file__}, [w.filename for w in fit]
+    poor = [w for w in fit if "importance weights say" in str(w.message)]
+    worse = [w for w in fit if "worse than the Gaussian q" in str(w.message)]
+    assert len(poor) == 1 and len(worse) == 1, [str(w.message) for w in fit]
+    khat = psis_khat(log_w)
+    assert khat >= 0.7 and f"Pareto k̂ = {khat:.2f}" in str(poor[0].message)
+    start = guide._start_elbo[0]
+    elbo, se = log_w.mean(), log_w.std(ddof=1) / np.sqrt(log_w.size)
+    assert f"is {elbo:.4g} ± {se:.2g}" in str(worse[0].message)
+    below = np.mean(log_w < start - 1.0)
+    assert f"{below:.0%} of the log weights" in str(worse[0].message)
+    assert f"median {np.median(log_w):.4g}" in str(worse[0].message)

@@ -9,6 +9,7 @@ float32 rounding), and end to end: the warnings name the same k̂ as ``psis_khat
 returned weights, and point at the caller's line.
 """
 
+import sys
 import warnings
 
 import arviz as az
@@ -90,32 +91,48 @@ def fitted():
     return cm.fit_guide()
 
 
-def _caught(fn):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = fn()
-    return result, [w for w in caught if issubclass(w.category, UHAFitWarning)]
-
-
 def test_draws_warn_with_the_khat_of_their_own_weights_at_the_callers_line(fitted):
     """q moved off the posterior: sample_posterior_with_log_weights warns that the fit is
     worse than its start and that the weights are heavy-tailed, with the k̂ and the ELBO's
-    standard error of the very log weights it returns, at this file's line."""
+    standard error of the very log weights it returns, at this line."""
     guide, params = fitted
     sd = _marginal_std(params["auto_scale_tril"])
     broken = dict(params, auto_loc=params["auto_loc"] + 8 * sd)
-    draws, fit = _caught(lambda: guide.sample_posterior_with_log_weights(
-        jax.random.PRNGKey(3), broken, cm.Y, sample_shape=(1000,)))
+    KEY = jax.random.PRNGKey(3)  # noqa: N806
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(KEY, broken, cm.Y, sample_shape=(1000,))
+        line = sys._getframe().f_lineno - 1
+    fit = [w for w in caught if issubclass(w.category, UHAFitWarning)]
+    assert {(w.filename, w.lineno) for w in fit} == {(__file__, line)}, [(w.filename, w.lineno) for w in fit]
     log_w = np.asarray(draws.log_weights, np.float64)
-    assert {w.filename for w in fit} == {__file__}, [w.filename for w in fit]
     poor = [w for w in fit if "importance weights say" in str(w.message)]
     worse = [w for w in fit if "worse than the Gaussian q" in str(w.message)]
     assert len(poor) == 1 and len(worse) == 1, [str(w.message) for w in fit]
     khat = psis_khat(log_w)
     assert khat >= 0.7 and f"Pareto k̂ = {khat:.2f}" in str(poor[0].message)
-    start = guide._start_elbo[0]
     elbo, se = log_w.mean(), log_w.std(ddof=1) / np.sqrt(log_w.size)
+    # the ELBO's standard error is named where it exceeds 1 nat, and only there
+    assert (f"standard error is {se:.2f} nats" in str(poor[0].message)) == (se > 1.0)
+    assert ("standard error" in str(poor[0].message)) == (se > 1.0)
     assert f"is {elbo:.4g} ± {se:.2g}" in str(worse[0].message)
-    below = np.mean(log_w < start - 1.0)
-    assert f"{below:.0%} of the log weights" in str(worse[0].message)
     assert f"median {np.median(log_w):.4g}" in str(worse[0].message)
+
+
+def test_the_sign_test_counts_the_weights_below_q_elbo_minus_one(fitted):
+    """With q's ELBO placed 1 nat above the draws' 80th percentile, 80 % of their log
+    weights lie more than 1 nat below it: the warning says so."""
+    guide, params = fitted
+    key = jax.random.PRNGKey(5)
+    log_w = np.asarray(guide.sample_posterior_with_log_weights(
+        key, params, cm.Y, sample_shape=(1000,)).log_weights, np.float64)
+    saved, start = guide._start_elbo, float(np.quantile(log_w, 0.8)) + 1.0
+    guide._start_elbo = (start, 1e-3)
+    try:
+        with pytest.warns(UHAFitWarning, match="worse than the Gaussian q") as caught:
+            guide.sample_posterior(key, params, cm.Y, sample_shape=(1000,))
+    finally:
+        guide._start_elbo = saved
+    below = np.mean(log_w < start - 1.0)
+    assert 0.79 <= below <= 0.81
+    assert any(f"{below:.0%} of the log weights" in str(w.message) for w in caught)

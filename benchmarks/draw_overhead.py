@@ -1,0 +1,116 @@
+"""Where the time of one ``UHAGuide.sample_posterior`` call goes (issue 16, draws on a GPU).
+
+On a GPU the chain of 10 000 draws takes about a millisecond, so the work around it (the
+checks of the draws' log weights, the slice to ``num_draws``, each dispatch and each wait
+for the device) is a large share of a call. This times, on one untrained logistic
+regression guide (K = 32) and in one process, medians of ``--repeats`` calls after two:
+
+- ``plain``: ``sample_posterior`` as a user calls it (the key made once, outside);
+- ``keep``: the same with ``nonfinite="keep"``, which skips every check of the weights;
+- ``with a start``: plain with a start ELBO to compare with (the median is computed too;
+  the default ``warm_start_steps`` gives a guide one);
+- ``in jit``: the same call inside ``jax.jit`` (one program, no checks);
+- ``chain``: the guide's compiled draw program alone, at the width a plain call uses;
+- ``join``: the slice of that chunk to ``num_draws`` (dispatch and wait);
+- ``summary``: the device summary of the weights the checks read, copied to the host;
+- ``k̂ from the summary`` and ``psis_khat``: Pareto k̂ on the host from the summary's
+  largest weights, and from all of them (``psis_khat``, NumPy's partition first).
+
+It reads private parts of the guide (the compiled draw program, the summary) to take the
+call apart; the plain, keep and in-jit rows use the public API only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import jax
+import numpy as np
+import optax
+from numpyro.infer import SVI, Trace_ELBO
+
+from benchmarks.common import write_results
+from numpyro_uha import UHAGuide
+from numpyro_uha import guide as guide_module
+from numpyro_uha._weights import psis_khat, summary_khat, weight_summary
+from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
+
+
+def _median_ms(fn, repeats):
+    jax.block_until_ready(fn())
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="sonar")
+    parser.add_argument("--num-draws", type=int, default=10000)
+    parser.add_argument("--K", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--name", default="draw_overhead")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.num_draws, args.K, args.repeats = 300, 2, 2
+    warnings.simplefilter("ignore")  # the untrained guide's weights warn at every call
+    X, y = load_logistic_regression(args.dataset)
+    model, n = logistic_regression_model, args.num_draws
+    guide = UHAGuide(model, K=args.K, warm_start_steps=0)
+    svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y))
+    key = jax.random.PRNGKey(3)
+
+    def plain(**kw):
+        return lambda: guide.sample_posterior(key, params, X, y, sample_shape=(n,), **kw)
+
+    rows = {}
+    rows["plain"] = _median_ms(plain(), args.repeats)
+    rows["keep"] = _median_ms(plain(nonfinite="keep"), args.repeats)
+    guide._start_elbo = (-1e9, 1.0)  # never warns; the median is computed
+    rows["with a start"] = _median_ms(plain(), args.repeats)
+    guide._start_elbo = None
+    jitted = jax.jit(lambda key, params: guide.sample_posterior(key, params, X, y, sample_shape=(n,)))
+    rows["in jit"] = _median_ms(lambda: jitted(key, params), args.repeats)
+
+    arrays, spec = guide_module._split_static(((X, y), {}))
+    draw = guide._jitted_draws[spec]
+    width = min(guide.sample_batch_size, guide_module._chunk_bucket(n))
+    chain = dict(params=params, arrays=arrays, spec=spec, corrected=False, with_info=False,
+                 with_samples=True, sharding=None)
+    if -(-n // width) == 1:
+        rows["chain"] = _median_ms(lambda: draw(key, batch_size=width, split=True, **chain), args.repeats)
+        out = draw(key, batch_size=width, split=True, **chain)
+        rows["join"] = _median_ms(lambda: guide_module._join([out], n), args.repeats)
+        _, log_w, _, _, finite = guide_module._join([out], n)
+        rows["summary"] = _median_ms(lambda: weight_summary(log_w, finite, khat=True), args.repeats)
+        summary = weight_summary(log_w, finite, khat=True)
+        rows["k̂ from the summary"] = _median_ms(lambda: summary_khat(summary, n), args.repeats)
+        host = np.asarray(log_w, np.float64)
+        rows["psis_khat"] = _median_ms(lambda: psis_khat(host), args.repeats)
+
+    device = jax.devices()[0]
+    md = (
+        f"One `sample_posterior` call of {n} draws taken apart: {args.dataset} logistic "
+        f"regression, K = {args.K}, untrained `UHAGuide`, on {device.platform} "
+        f"({device.device_kind}); medians of {args.repeats} calls, milliseconds. The rows are "
+        "described in `benchmarks/draw_overhead.py`; `chain` and what follows it only where "
+        "the draws fit in one chunk (a GPU's default batch).\n\n"
+        "| part | ms | / in jit |\n|---|---|---|\n"
+    )
+    for label, ms in rows.items():
+        md += f"| {label} | {ms:.3f} | {ms / rows['in jit']:.2f} |\n"
+    path = write_results(args.name, {"rows_ms": rows, "width": width, "args": vars(args)}, md)
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1474,6 +1474,16 @@ class UHAGuide(AutoContinuous):
         self._check_params(params)
         sample_shape = tuple(sample_shape)
         num_draws = int(math.prod(sample_shape))
+        if num_draws == 0:
+            # no draws (a zero in sample_shape): empty arrays of the draws' shapes, from
+            # one draw's
+            one = self._draws(
+                rng_key, params, args, kwargs, (1,), corrected, with_info, "keep",
+                with_samples, batch_size,
+            )
+            return WeightedDraws(*jax.tree.map(
+                lambda x: jnp.reshape(x[:0], sample_shape + jnp.shape(x)[1:]), tuple(one[:4])
+            ))
         arrays, spec = _split_static((args, kwargs))
         if spec not in self._jitted_draws:
             self._jitted_draws[spec] = jax.jit(

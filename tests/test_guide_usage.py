@@ -219,6 +219,20 @@ def test_sample_shapes(fitted, sample_shape):
             np.testing.assert_allclose(value, out.samples[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("sample_shape", [(0,), (0, 3), (2, 0)])
+def test_no_draws_give_empty_arrays(fitted, sample_shape):
+    """A zero in sample_shape gives empty arrays of the draws' shapes (as AutoNormal's
+    sample_posterior does), concrete and inside jax.jit, not a division by zero."""
+    guide, params = fitted
+    key = jax.random.PRNGKey(4)
+    draws = guide.sample_posterior_with_log_weights(key, params, Y1, sample_shape=sample_shape)
+    assert draws.samples["mu"].shape == sample_shape
+    assert draws.samples["theta"].shape == sample_shape + (3,)
+    assert draws.log_weights.shape == sample_shape
+    jitted = jax.jit(lambda k, p: guide.sample_posterior(k, p, Y1, sample_shape=sample_shape))
+    assert jitted(key, params)["theta"].shape == sample_shape + (3,)
+
+
 def test_draws_in_chunks_match_one_batch(fitted):
     guide, params = fitted
     chunked = UHAGuide(normal_model, K=3, warm_start_steps=0, sample_batch_size=7)

@@ -1174,7 +1174,11 @@ class UHALocalGuide(AutoGuide):
         if not sample_shape:
             out = jax.tree.map(lambda x: x[0], out)
         else:
-            out = jax.tree.map(lambda x: jnp.reshape(x, sample_shape + x.shape[1:]), out)
+            # a zero in sample_shape: one draw was run (for the shapes), none is returned
+            empty = 0 in sample_shape
+            out = jax.tree.map(
+                lambda x: jnp.reshape(x[:0] if empty else x, sample_shape + x.shape[1:]), out
+            )
         return out if with_diverged else out[:2]
 
     def _draws_impl(

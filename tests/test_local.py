@@ -313,6 +313,10 @@ def test_sample_posterior_and_predictive():
         jax.random.PRNGKey(1), result.params, X, N, batch, sample_shape=(7,), subsample_idx=idx
     )
     assert draws["z"].shape == (7, batch) and draws["mu"].shape == (7,)
+    for empty in ((0,), (2, 0)):  # no draws: empty arrays of the draws' shapes
+        draws = guide.sample_posterior(jax.random.PRNGKey(1), result.params, X, N, batch,
+                                       sample_shape=empty, subsample_idx=idx)
+        assert draws["z"].shape == empty + (batch,) and draws["mu"].shape == empty
     with pytest.raises(ValueError, match=r"subsample_idx="):
         guide.sample_posterior(jax.random.PRNGKey(1), result.params, X, N, batch)
     with pytest.raises(ValueError, match=r"shape \(8,\)"):

@@ -1472,7 +1472,7 @@ class UHAGuide(AutoContinuous):
             )
         self._require_setup()
         self._check_params(params)
-        sample_shape = tuple(sample_shape)
+        sample_shape = _sample_shape(sample_shape, "UHAGuide")
         num_draws = int(math.prod(sample_shape))
         if num_draws == 0:
             # no draws (a zero in sample_shape): empty arrays of the draws' shapes, from
@@ -1947,6 +1947,7 @@ class UHAGuide(AutoContinuous):
         }
 
     def _mc_draws(self, params, args, kwargs, num_samples, rng_key):
+        _check_int("num_samples", num_samples, 1)
         self._require_setup()
         args, kwargs = self._default_args(args, kwargs)
         rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
@@ -2296,6 +2297,25 @@ def _real(name, value) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a real number, got {value!r}.") from None
+
+
+def _sample_shape(sample_shape, where) -> tuple[int, ...]:
+    """``sample_shape`` as a tuple of Python ints (an int ``n`` is ``(n,)``, as NumPy's
+    shapes), or a ValueError naming it."""
+    if isinstance(sample_shape, (int, np.integer)) and not isinstance(sample_shape, bool):
+        sample_shape = (sample_shape,)
+    try:
+        shape = tuple(sample_shape)
+    except TypeError:
+        shape = None
+    if shape is None or not all(
+        isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in shape
+    ):
+        raise ValueError(
+            f"{where}: sample_shape must be a tuple of non-negative integers (e.g. (1000,)), "
+            f"got {sample_shape!r}."
+        )
+    return tuple(int(n) for n in shape)
 
 
 def _check_int(name, value, minimum):

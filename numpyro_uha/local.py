@@ -77,6 +77,7 @@ from numpyro_uha.guide import (
     _jit_once,
     _join,
     _key_chunk,
+    _sample_shape,
     _merge_static,
     _nonfinite_observed,
     _real,
@@ -1136,7 +1137,7 @@ class UHALocalGuide(AutoGuide):
         flags, shape ``sample_shape + (B,)``, third, ``with_diverged``)."""
         self._require_setup()
         idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
-        sample_shape = tuple(sample_shape)
+        sample_shape = _sample_shape(sample_shape, "UHALocalGuide")
         num = max(int(np.prod(sample_shape, dtype=int)), 1)
         arrays, spec = _split_static((args, kwargs))
         rows = idx.shape[0]

@@ -227,6 +227,22 @@ def initialized():
     return guide, svi.get_params(svi.init(jax.random.PRNGKey(0), Y))
 
 
+@pytest.mark.parametrize("shape", [(-1,), (2.5,), (2, "3"), None, (True,)])
+def test_bad_sample_shape_is_named(initialized, shape):
+    guide, params = initialized
+    with pytest.raises(ValueError, match="sample_shape must be a tuple of non-negative"):
+        guide.sample_posterior(jax.random.PRNGKey(0), params, Y, sample_shape=shape)
+
+
+def test_an_int_sample_shape_is_one_dimensional_and_num_samples_must_be_positive(initialized):
+    guide, params = initialized
+    draws = guide.sample_posterior(jax.random.PRNGKey(0), params, Y, sample_shape=np.int64(3))
+    assert all(v.shape[0] == 3 for v in draws.values())
+    for method in (guide.median, lambda *a, **k: guide.quantiles(a[0], [0.5], *a[1:], **k)):
+        with pytest.raises(ValueError, match="num_samples must be an integer >= 1, got 0"):
+            method(params, Y, num_samples=0)
+
+
 @pytest.mark.parametrize("name", ["auto_loc", "auto_step_size"])
 def test_sample_posterior_with_nan_params_names_the_param(initialized, name):
     guide, params = initialized

@@ -1557,11 +1557,11 @@ class UHAGuide(AutoContinuous):
             judge = warn_as is not None and num_draws >= KHAT_MIN_DRAWS
             summary = weight_summary(
                 log_weights, finite, threshold=-np.inf if start is None else start[0] - 1.0,
-                khat=judge, median=start is not None,
+                khat=judge,
             )
             bad = num_draws - summary.num_finite
             if start is not None:
-                self._warn_if_worse(summary, start, stacklevel=3)
+                self._warn_if_worse(summary, start, stacklevel=3, log_weights=log_weights)
             if judge and summary.num_finite >= 2:
                 _warn_poor_fit(
                     summary_khat(summary, num_draws),
@@ -1649,10 +1649,11 @@ class UHAGuide(AutoContinuous):
                 return None
         return self._start_elbo
 
-    def _warn_if_worse(self, summary, start_elbo, stacklevel):
+    def _warn_if_worse(self, summary, start_elbo, stacklevel, log_weights=None):
         """:meth:`warn_if_worse_than_start`'s test and warning from the finite log
         weights' :class:`~numpyro_uha._weights.WeightSummary` (``num_below``: below
-        q's ELBO - 1 nat)."""
+        q's ELBO - 1 nat). The median is for the message only: where the summary has
+        none, it is taken from ``log_weights`` (their finite ones) when the test fails."""
         num = summary.num_finite
         if num < START_ELBO_MIN_DRAWS:
             return False
@@ -1662,7 +1663,6 @@ class UHAGuide(AutoContinuous):
         # error useless exactly when training has broken down. If the median log weight
         # were at least start - 1 nat, at most half the draws would fall below that.
         below = summary.num_below / num
-        median = summary.median
         worse = []
         if start - elbo > max(1.0, 4.0 * math.hypot(se, start_se)):
             worse.append(
@@ -1670,6 +1670,10 @@ class UHAGuide(AutoContinuous):
                 f"{start - elbo:.3g} nats below q's"
             )
         if below > 0.5 + 4.0 * math.sqrt(0.25 / num):
+            median = summary.median
+            if math.isnan(median) and log_weights is not None:
+                host = np.asarray(log_weights, np.float64).ravel()
+                median = float(np.median(host[np.isfinite(host)]))
             worse.append(
                 f"{below:.0%} of the log weights lie more than 1 nat below q's ELBO (median "
                 f"{median:.4g}, {start - median:.3g} nats below)"

@@ -71,13 +71,13 @@ def test_device_summary_matches_numpy(log_w):
     host = np.asarray(lw, np.float64)
     ok = np.isfinite(host)
     threshold = float(np.median(host[ok]))
-    s = weight_summary(lw, finite, threshold=threshold, khat=True, median=True)
+    s = weight_summary(lw, finite, threshold=threshold, khat=True)
     kept = host[ok]
     assert s.num_finite == kept.size
     scale = np.abs(kept).max() + 1.0  # float32 sums: errors relative to the largest value
     assert abs(s.mean - kept.mean()) < 1e-5 * scale
     assert abs(s.var - kept.var(ddof=1)) < 1e-4 * (kept.var(ddof=1) + scale * 1e-2)
-    assert s.median == pytest.approx(np.median(kept), rel=1e-6, abs=1e-6)
+    assert np.isnan(s.median)  # not computed on the device (the warning takes it from the weights)
     assert s.num_below == np.sum(kept < np.float32(threshold))
     assert (s.low, s.high) == (kept.min(), kept.max())
     # k̂ of the weights with the non-finite ones at -inf, as psis_khat gives it

@@ -7,8 +7,8 @@ regression guide (K = 32) and in one process, medians of ``--repeats`` calls aft
 
 - ``plain``: ``sample_posterior`` as a user calls it (the key made once, outside);
 - ``keep``: the same with ``nonfinite="keep"``, which skips every check of the weights;
-- ``with a start``: plain with a start ELBO to compare with (the median is computed too;
-  the default ``warm_start_steps`` gives a guide one);
+- ``with a start``: plain with a start ELBO to compare with (the data's fingerprint is
+  checked too; the default ``warm_start_steps`` gives a guide one);
 - ``in jit``: the same call inside ``jax.jit`` (one program, no checks);
 - ``chain``: the guide's compiled draw program alone, at the width a plain call uses;
 - ``join``: the slice of that chunk to ``num_draws`` (dispatch and wait);
@@ -75,7 +75,7 @@ def main(argv=None):
     rows = {}
     rows["plain"] = _median_ms(plain(), args.repeats)
     rows["keep"] = _median_ms(plain(nonfinite="keep"), args.repeats)
-    guide._start_elbo = (-1e9, 1.0)  # never warns; the median is computed
+    guide._start_elbo = (-1e9, 1.0)  # a start that never warns
     rows["with a start"] = _median_ms(plain(), args.repeats)
     guide._start_elbo = None
     jitted = jax.jit(lambda key, params: guide.sample_posterior(key, params, X, y, sample_shape=(n,)))

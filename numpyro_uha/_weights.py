@@ -111,7 +111,7 @@ def _khat_from_largest(largest, n) -> float:
     among the M + 1 largest, so k̂ needs no other weight. The selection below is
     ``psislw``'s (its cutoff, floor and shift); the fit is ArviZ's own ``_gpdfit``, the
     function ``psislw`` calls (where an ArviZ release lacks it, ``psislw`` itself on the
-    weights filled out with -inf, which gives the same k̂). tests/test_weights.py checks
+    weights filled out with -inf, which gives the same k̂). tests/test_weight_summary.py checks
     the result equals ``psislw``'s.
     """
     x = np.sort(np.asarray(largest, np.float64))  # ascending

@@ -77,10 +77,10 @@ from numpyro_uha.guide import (
     _jit_once,
     _join,
     _key_chunk,
-    _sample_shape,
     _merge_static,
     _nonfinite_observed,
     _real,
+    _sample_shape,
     _split_static,
 )
 

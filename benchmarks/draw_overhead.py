@@ -23,8 +23,6 @@ call apart; the plain, keep and in-jit rows use the public API only.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 
 import jax
@@ -33,6 +31,7 @@ import optax
 from numpyro.infer import SVI, Trace_ELBO
 
 from benchmarks.common import write_results
+from benchmarks.speed import _median_time
 from numpyro_uha import UHAGuide
 from numpyro_uha import guide as guide_module
 from numpyro_uha._weights import psis_khat, summary_khat, weight_summary
@@ -40,14 +39,10 @@ from numpyro_uha.datasets import load_logistic_regression, logistic_regression_m
 
 
 def _median_ms(fn, repeats):
+    """speed's median time of ``fn``, in ms, after two calls (compilation, caches)."""
     jax.block_until_ready(fn())
     jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * _median_time(fn, repeats)
 
 
 def main(argv=None):

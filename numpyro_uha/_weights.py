@@ -82,9 +82,7 @@ def psis_khat(log_weights) -> float:
     if np.all(finite == finite[0]) and finite.size == log_w.size:
         return -math.inf
     n = log_w.size
-    top = tail_size(n) + 1
-    if top > n:
-        return _psislw_khat(log_w)
+    top = min(tail_size(n) + 1, n)
     # the tail_size(n) + 1 largest, in O(n) (ArviZ sorts all n)
     return _khat_from_largest(np.partition(log_w, n - top)[n - top:], n)
 
@@ -104,7 +102,8 @@ def _psislw_khat(log_w) -> float:
 
 def _khat_from_largest(largest, n) -> float:
     """k̂ of ``n`` log weights (as :func:`psis_khat`; -inf allowed) from their
-    ``tail_size(n) + 1`` largest, in any order.
+    ``min(tail_size(n) + 1, n)`` largest, in any order (fewer than ``tail_size(n) + 1``
+    weights in all: ``psislw`` on them).
 
     ArviZ's ``psislw`` fits its generalized Pareto distribution to the weights above
     the (M+1)-th largest (M = :func:`tail_size`), shifted by the largest: those are all
@@ -115,8 +114,12 @@ def _khat_from_largest(largest, n) -> float:
     the result equals ``psislw``'s.
     """
     x = np.sort(np.asarray(largest, np.float64))  # ascending
-    if x.size != tail_size(n) + 1:
-        raise ValueError(f"_khat_from_largest: expected {tail_size(n) + 1} values, got {x.size}")
+    if x.size != min(tail_size(n) + 1, n):
+        raise ValueError(
+            f"_khat_from_largest: expected {min(tail_size(n) + 1, n)} values, got {x.size}"
+        )
+    if x.size < tail_size(n) + 1:
+        return _psislw_khat(x)
     try:
         from arviz.stats.stats import _gpdfit
     except ImportError:  # pragma: no cover - an ArviZ without it
@@ -260,7 +263,4 @@ def summary_khat(summary, n) -> float:
     :func:`weight_summary` (taken with ``khat=True``)."""
     if summary.num_finite == n and summary.low == summary.high:
         return -math.inf  # all equal: no tail
-    if summary.largest.size != tail_size(n) + 1:
-        return _psislw_khat(np.concatenate([np.full(n - summary.largest.size, -np.inf),
-                                            summary.largest]))
     return _khat_from_largest(summary.largest, n)

@@ -25,6 +25,11 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro_uha import UHAGuide
 from numpyro_uha.core.batching import batched_map
 
+try:  # jax.extend.core's from JAX 0.10 on (jax.core's alias was removed in 0.11)
+    from jax.extend.core import jaxprs_in_params
+except ImportError:
+    jaxprs_in_params = jax.core.jaxprs_in_params
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -43,22 +48,13 @@ def test_batched_map_matches_vmap(n, batch_size):
         np.testing.assert_array_equal(out[name], want[name])
 
 
-def _jaxprs_in_params(params):
-    # jax.extend.core's from JAX 0.10 on (jax.core's alias was removed in 0.11); older: jax.core's
-    try:
-        from jax.extend.core import jaxprs_in_params
-    except ImportError:
-        jaxprs_in_params = jax.core.jaxprs_in_params
-    return jaxprs_in_params(params)
-
-
 def _choleskys(jaxpr, in_scan=False):
     """(inside a scan?, operand shape) of every Cholesky in ``jaxpr``, nested ones too."""
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "cholesky":
             found.append((in_scan, eqn.invars[0].aval.shape))
-        for sub in _jaxprs_in_params(eqn.params):
+        for sub in jaxprs_in_params(eqn.params):
             found += _choleskys(sub, in_scan or eqn.primitive.name == "scan")
     return found
 

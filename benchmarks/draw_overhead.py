@@ -10,9 +10,12 @@ regression guide (K = 32) and in one process, medians of ``--repeats`` calls aft
 - ``with a start``: plain with a start ELBO to compare with (the data's fingerprint is
   checked too; the default ``warm_start_steps`` gives a guide one);
 - ``in jit``: the same call inside ``jax.jit`` (one program, no checks);
-- ``chain``: the guide's compiled draw program alone, at the width a plain call uses;
+- ``chain``: the guide's compiled draw program alone, at the width a plain call uses
+  (the key split, the chain and the summary of the weights the checks read);
 - ``join``: the slice of that chunk to ``num_draws`` (dispatch and wait);
-- ``summary``: the device summary of the weights the checks read, copied to the host;
+- ``summary copy``: that summary copied to the host (already computed: the copy alone);
+- ``summary, own program``: the same summary made by a program of its own from the
+  sliced weights, as calls of more than one chunk make it;
 - ``k̂ from the summary`` and ``psis_khat``: Pareto k̂ on the host from the summary's
   largest weights, and from all of them (``psis_khat``, NumPy's partition first).
 
@@ -34,7 +37,13 @@ from benchmarks.common import write_results
 from benchmarks.speed import _median_time
 from numpyro_uha import UHAGuide
 from numpyro_uha import guide as guide_module
-from numpyro_uha._weights import psis_khat, summary_khat, weight_summary
+from numpyro_uha._weights import (
+    psis_khat,
+    summary_from_values,
+    summary_khat,
+    summary_largest,
+    weight_summary,
+)
 from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
 
 
@@ -82,12 +91,18 @@ def main(argv=None):
     chain = dict(params=params, arrays=arrays, spec=spec, corrected=False, with_info=False,
                  with_samples=True, sharding=None)
     if -(-n // width) == 1:
-        rows["chain"] = _median_ms(lambda: draw(key, batch_size=width, split=True, **chain), args.repeats)
-        out = draw(key, batch_size=width, split=True, **chain)
-        rows["join"] = _median_ms(lambda: guide_module._join([out], n), args.repeats)
-        _, log_w, _, _, finite = guide_module._join([out], n)
-        rows["summary"] = _median_ms(lambda: weight_summary(log_w, finite, khat=True), args.repeats)
-        summary = weight_summary(log_w, finite, khat=True)
+        chain.update(split=True, num_valid=np.int32(n), threshold=-np.inf)
+        rows["chain"] = _median_ms(lambda: draw(key, batch_size=width, **chain), args.repeats)
+        *out, fused = draw(key, batch_size=width, **chain)
+        rows["join"] = _median_ms(lambda: guide_module._join([tuple(out)], n), args.repeats)
+        rows["summary copy"] = _median_ms(
+            lambda: summary_from_values(fused, n, summary_largest(n)), args.repeats
+        )
+        _, log_w, _, _, finite = guide_module._join([tuple(out)], n)
+        rows["summary, own program"] = _median_ms(
+            lambda: weight_summary(log_w, finite, khat=True), args.repeats
+        )
+        summary = summary_from_values(fused, n, summary_largest(n))
         rows["k̂ from the summary"] = _median_ms(lambda: summary_khat(summary, n), args.repeats)
         host = np.asarray(log_w, np.float64)
         rows["psis_khat"] = _median_ms(lambda: psis_khat(host), args.repeats)

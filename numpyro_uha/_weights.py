@@ -221,10 +221,15 @@ class WeightSummary(NamedTuple):
     largest: np.ndarray
 
 
-@partial(jax.jit, static_argnames=("num_largest",))
-def _weight_summary(log_weights, finite, threshold, num_largest):
+def summary_values(log_weights, finite, threshold, num_largest, num_valid=None):
+    """The device side of :func:`weight_summary`, traceable inside a larger program:
+    ``(num_finite, mean, var, num_below, low, high, largest)`` of the ``finite`` log
+    weights (only the first ``num_valid``, a traced count, where given: the rest are
+    padding), ``largest`` the ``num_largest`` largest with the others at -inf."""
     lw = jnp.ravel(log_weights)
     ok = jnp.ravel(finite)
+    if num_valid is not None:
+        ok = ok & (jnp.arange(lw.shape[0]) < num_valid)
     num_finite = jnp.sum(ok)
     mean = jnp.sum(jnp.where(ok, lw, 0.0)) / jnp.maximum(num_finite, 1)
     # two passes: a sum of squares would cancel for large log weights in float32
@@ -238,6 +243,15 @@ def _weight_summary(log_weights, finite, threshold, num_largest):
     return num_finite, mean, var, num_below, low, high, largest
 
 
+_weight_summary = partial(jax.jit, static_argnames=("num_largest",))(summary_values)
+
+
+def summary_largest(n: int, khat: bool = True) -> int:
+    """How many of the largest weights :func:`summary_khat` needs for ``n`` weights (0
+    without ``khat``)."""
+    return min(tail_size(n) + 1, n) if khat and n >= 2 else 0
+
+
 def weight_summary(log_weights, finite, *, threshold=-np.inf, khat=False):
     """One program on the device and one copy to the host of a few numbers, instead of
     the ``n`` log weights: the count of ``finite`` draws, the mean, variance (ddof 1),
@@ -246,16 +260,27 @@ def weight_summary(log_weights, finite, *, threshold=-np.inf, khat=False):
     :func:`psis_khat` of the log weights with the non-finite draws' set to -inf.
     Statistics in the log weights' dtype; ``median`` is NaN (not computed)."""
     n = int(np.size(log_weights))
-    num_largest = min(tail_size(n) + 1, n) if khat and n >= 2 else 0
-    values = jax.device_get(_weight_summary(
-        log_weights, finite, jnp.asarray(threshold, jnp.result_type(log_weights)),
+    num_largest = summary_largest(n, khat)
+    values = _weight_summary(
+        log_weights, finite, np.asarray(threshold, jnp.result_type(log_weights)),
         num_largest=num_largest,
-    ))
+    )
+    return summary_from_values(values, n, num_largest)
+
+
+def summary_from_values(values, n: int, num_largest: int) -> WeightSummary:
+    """The :class:`WeightSummary` of ``n`` weights from :func:`summary_values`' device
+    arrays (copied to the host here, the one wait), taken with at least ``num_largest``
+    largest (more, where they were taken over a padded batch: its padding is -inf, so the
+    first ``num_largest`` are the ``n`` weights' own)."""
     # no median: it would take a sort, which XLA:CPU runs 10-20 times slower than NumPy's
     # partition (1M weights: 0.22 s); the warning that prints it takes it from the weights
-    num_finite, mean, var, num_below, low, high, largest = values
+    num_finite, mean, var, num_below, low, high, largest = jax.device_get(values)
+    largest = np.asarray(largest)
+    if largest.size < num_largest:
+        raise ValueError(f"summary_from_values: {largest.size} largest, {num_largest} needed")
     return WeightSummary(int(num_finite), float(mean), float(var), math.nan, int(num_below),
-                         float(low), float(high), np.asarray(largest))
+                         float(low), float(high), largest[:num_largest])
 
 
 def summary_khat(summary, n) -> float:

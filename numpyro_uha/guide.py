@@ -56,7 +56,10 @@ from numpyro_uha._precondition import (
 from numpyro_uha._weights import (
     WeightSummary,
     _warn_poor_fit,
+    summary_from_values,
     summary_khat,
+    summary_largest,
+    summary_values,
     weight_summary,
 )
 from numpyro_uha.core import (
@@ -89,6 +92,7 @@ from numpyro_uha.core.warm_start import (
     resolve_oracle,
     rows_oracle,
     small_jit,
+    to_default_device,
     warm_start,
 )
 
@@ -372,6 +376,15 @@ class UHAGuide(AutoContinuous):
             written). With ``init_from``, ``"auto"`` means ``False`` (q comes from a fit
             in the model's coordinates).
         forward_mode_differentiation: passed to NumPyro's model initialization.
+        warm_start_device: where the warm start's small model-free steps run (the
+            L-BFGS, Adam and curvature updates between calls of the model): ``None``
+            (default) beside the model, on JAX's default device; a platform name such as
+            ``"cpu"`` or a ``jax.Device`` to run them there, while the model's log
+            density stays on the default device (two small copies per model call). On a
+            GPU, ``"cpu"`` compiles the about 25 tiny steps at the CPU's quick setting
+            instead of for the GPU (see docs/how-to/devices.md). The result is the
+            same; only ``svi.init``'s time changes. A ``jax.Device`` is pickled as its
+            platform name.
     """
 
     def __init__(
@@ -398,6 +411,7 @@ class UHAGuide(AutoContinuous):
         check_finite: bool = True,
         decenter="auto",
         forward_mode_differentiation: bool = False,
+        warm_start_device=None,
     ):
         _check_int("K", K, 1)
         _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
@@ -423,6 +437,8 @@ class UHAGuide(AutoContinuous):
                 f"warm_start_learning_rate must be positive, got {warm_start_learning_rate!r}."
             )
         frozen = _check_frozen(frozen)
+        _step_device(warm_start_device)  # a clear error now, not at setup
+        self.warm_start_device = warm_start_device
         self.K = K
         self.requested_base_dist = base_dist
         # resolved at setup, where the dimension is known (see FULL_RANK_MAX_DIM)
@@ -747,10 +763,15 @@ class UHAGuide(AutoContinuous):
                 # finds it compiled
                 rows = jax.ShapeDtypeStruct((width, loc.shape[-1]), loc.dtype)
                 program.lower(rows, arrays, model_params).compile()
-            oracle = difference_oracle(lambda zs: program(zs, arrays, model_params), width)
+            oracle = difference_oracle(
+                lambda zs: program(zs, arrays, model_params), width,
+                step_device=_step_device(self.warm_start_device),
+            )
         if precompiling is not None:
             precompiling.join()
-        return self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
+        out = self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
+        # from the warm start's step device (if any) back to the default one
+        return out if oracle.step_device is None else to_default_device(out)
 
     def _setup_numerics(self, kind, oracle, rng_key, loc, scale, full_rank, vi_iterations=None):
         """:meth:`_run_setup`'s calls on a given ``oracle`` (the model's, or
@@ -805,6 +826,8 @@ class UHAGuide(AutoContinuous):
             out, lam = self._setup_numerics(
                 kind, oracle, key, loc, scale, full_rank, vi_iterations=2
             )
+            if oracle.step_device is not None:
+                out, lam = to_default_device((out, lam))
             if kind == "warm_start":
                 loc, scale = out.loc, out.scale
                 _all_finite((loc, scale), host=True)
@@ -813,7 +836,10 @@ class UHAGuide(AutoContinuous):
                 _scale_corr_inverse(scale, start["stability_scale"])
             return start, _q_draw(key, loc, scale, host=True)  # the setup call's draw
 
-        return precompile(signature, rehearsal, width=self._setup_width(kind))
+        return precompile(
+            signature, rehearsal, width=self._setup_width(kind),
+            step_device=_step_device(self.warm_start_device),
+        )
 
     def _full_rank(self, dim) -> bool:
         if self.requested_base_dist == "auto":
@@ -1402,6 +1428,8 @@ class UHAGuide(AutoContinuous):
         state["_checked_data"] = _LastSeen()
         state["_auto_batch_size"] = None  # sized again for the device it is loaded on
         state["_start_data"] = None  # derived again from the setup arguments
+        if isinstance(self.warm_start_device, jax.Device):  # devices do not pickle
+            state["warm_start_device"] = self.warm_start_device.platform
         return state
 
     def __setstate__(self, state):
@@ -1412,6 +1440,7 @@ class UHAGuide(AutoContinuous):
         state.setdefault("_user_model", state.get("model"))
         state.setdefault("_user_init_loc_fn", state.get("init_loc_fn"))
         state.setdefault("coordinate_elbos", None)
+        state.setdefault("warm_start_device", None)
         state.setdefault("_checked_params", _LastSeen())
         state.setdefault("_checked_data", _LastSeen())
         self.__dict__.update(state)
@@ -1426,11 +1455,14 @@ class UHAGuide(AutoContinuous):
 
     def _draw_impl(
         self, keys, params, arrays, batch_size, spec, corrected, with_info, with_samples=True,
-        sharding=None, split=False,
+        sharding=None, split=False, num_valid=None, threshold=None,
     ):
-        """``(samples, log_weights, latent, info, finite)`` of the draws with ``keys``
-        (with ``split``: one raw key, split to ``batch_size`` keys here, in the same
-        program); ``finite`` flags the draws whose log weight and latent are finite."""
+        """``(samples, log_weights, latent, info, finite)`` of the draws with ``keys``;
+        ``finite`` flags the draws whose log weight and latent are finite. With
+        ``split``: ``keys`` is one raw key, split to ``batch_size`` keys here, and the
+        first ``num_valid`` draws' weight summary (:func:`~numpyro_uha._weights.
+        summary_values`, ``threshold`` its ``num_below``'s) is a sixth output, made in
+        the same program (the rest are padding, dropped by the caller)."""
         if split:
             keys = jax.random.split(keys, batch_size)
         keys = shard_leading(keys, sharding)
@@ -1460,7 +1492,13 @@ class UHAGuide(AutoContinuous):
         # Equal batches in one scan: lax.map's remainder batch would run beside the scan,
         # which can deadlock XLA:CPU's batched LAPACK kernels (see batched_map).
         samples, log_weights, z, info = shard_leading(batched_map(one, keys, batch_size), sharding)
-        return samples, log_weights, z, info, _finite_draws(log_weights, z)
+        finite = _finite_draws(log_weights, z)
+        if not split:
+            return samples, log_weights, z, info, finite
+        summary = summary_values(
+            log_weights, finite, threshold, summary_largest(batch_size), num_valid=num_valid
+        )
+        return samples, log_weights, z, info, finite, summary
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, corrected=False, with_info=True,
@@ -1505,6 +1543,11 @@ class UHAGuide(AutoContinuous):
             corrected=corrected, with_info=with_info, with_samples=with_samples,
             sharding=sharding,
         )
+        summary_arrays = None
+        # q's ELBO at the start, where the draws can be compared with it, and the weight
+        # summary's threshold (below it: a draw more than 1 nat below q's ELBO)
+        start = self._start_elbo_for((args, kwargs)) if nonfinite != "keep" else None
+        threshold = -math.inf if start is None else float(start[0]) - 1.0
         if concrete:
             # Concrete: the draws run in chunks of a fixed width, one compiled program
             # per width, so a new sample_shape reuses it (widths 2^k or 3 · 2^(k-1) from
@@ -1517,9 +1560,14 @@ class UHAGuide(AutoContinuous):
             width = -(-width // shards) * shards  # whole shards
             num_chunks = -(-num_draws // width)
             if num_chunks == 1 and sharding is None and jax.config.jax_threefry_partitionable:
-                # one chunk: the key split in the chain's program (one dispatch; the
-                # same keys as _draw_keys', key i of a split not depending on its size)
-                chunks = [draw(jnp.asarray(rng_key), batch_size=width, split=True)]
+                # one chunk: the key split and the weight summary in the chain's program
+                # (one dispatch; the same keys as _draw_keys', key i of a split not
+                # depending on its size)
+                *chunk, summary_arrays = draw(
+                    jnp.asarray(rng_key), batch_size=width, split=True,
+                    num_valid=np.int32(num_draws), threshold=threshold,
+                )
+                chunks = [tuple(chunk)]
             else:
                 keys = _draw_keys(rng_key, num_draws, num_chunks * width)
 
@@ -1553,12 +1601,13 @@ class UHAGuide(AutoContinuous):
             # (one program, one small copy), not the weights themselves. The public
             # methods (``warn_as``, their name) also judge the weights; the evaluation
             # layer, which calls _draws too, does that itself.
-            start = self._start_elbo_for((args, kwargs))
             judge = warn_as is not None and num_draws >= KHAT_MIN_DRAWS
-            summary = weight_summary(
-                log_weights, finite, threshold=-np.inf if start is None else start[0] - 1.0,
-                khat=judge,
-            )
+            if summary_arrays is not None:  # made with the draws (one chunk)
+                summary = summary_from_values(
+                    summary_arrays, num_draws, summary_largest(num_draws, judge)
+                )
+            else:
+                summary = weight_summary(log_weights, finite, threshold=threshold, khat=judge)
             bad = num_draws - summary.num_finite
             if start is not None:
                 self._warn_if_worse(summary, start, stacklevel=3, log_weights=log_weights)
@@ -2121,6 +2170,30 @@ def _check_frozen(frozen) -> tuple:
             f"Valid groups are {sorted(GROUPS)}."
         )
     return tuple(frozen)
+
+
+def _step_device(spec):
+    """The device the warm start's model-free steps run on for ``warm_start_device`` =
+    ``spec`` (``None``, a platform name or a ``jax.Device``): ``None`` where that is JAX's
+    default device (no copies), else the device."""
+    if spec is None:
+        return None
+    if isinstance(spec, jax.Device):
+        device = spec
+    elif isinstance(spec, str):
+        try:
+            device = jax.devices(spec)[0]
+        except RuntimeError as e:
+            raise ValueError(
+                f"warm_start_device: no {spec!r} device here ({e}); pass None, 'cpu' or a "
+                "jax.Device."
+            ) from None
+    else:
+        raise ValueError(
+            "warm_start_device must be None, a platform name such as 'cpu', or a "
+            f"jax.Device; got {type(spec).__name__}."
+        )
+    return None if device == jax.devices()[0] else device
 
 
 def _chunk_bucket(num_draws: int) -> int:

@@ -128,7 +128,7 @@ def test_the_rehearsal_changes_nothing_the_setup_computes(monkeypatch):
         return guide._start_elbo, {k: np.asarray(v) for k, v in params.items()}
 
     with_rehearsal = init_values()
-    monkeypatch.setattr(guide_module, "precompile", lambda signature, rehearsal, width=None: None)
+    monkeypatch.setattr(guide_module, "precompile", lambda signature, rehearsal, width=None, step_device=None: None)
     without = init_values()
     assert with_rehearsal[0] == without[0]
     assert with_rehearsal[1].keys() == without[1].keys()

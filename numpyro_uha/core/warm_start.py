@@ -76,6 +76,7 @@ __all__ = [
     "oracle_log_weights",
     "precompile",
     "rows_oracle",
+    "to_default_device",
     "warm_start",
 ]
 
@@ -102,11 +103,15 @@ class RowsOracle(NamedTuple):
         compiled: whether both are compiled programs, so loops around them may run in
             Python (see the module docstring); plain functions are traced into ``lax``
             loops instead.
+        step_device: where the model-free steps around a compiled oracle run (a
+            ``jax.Device``; ``None``: where their inputs are, the default device).
+            :func:`difference_oracle` builds such an oracle (see :func:`to_default_device`).
     """
 
     value_and_grad: Callable[[jax.Array], tuple[jax.Array, jax.Array]]
     hvp: Callable[[jax.Array, jax.Array], jax.Array]
     compiled: bool = False
+    step_device: object = None
 
 
 def rows_oracle(logdensity_fn: Callable[[jax.Array], jax.Array], compiled: bool = True) -> RowsOracle:
@@ -151,45 +156,79 @@ def _traced(tree) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
-def resolve_oracle(logdensity_fn, oracle, *inputs) -> tuple[RowsOracle, bool]:
-    """The oracle to use and whether loops run in Python (a compiled oracle, concrete
-    inputs)."""
+def resolve_oracle(logdensity_fn, oracle, *inputs) -> tuple[RowsOracle, object]:
+    """The oracle to use and how its loops run: ``False`` traced into ``lax`` loops;
+    else in Python (a compiled oracle, concrete inputs), ``True`` with the model-free
+    steps where their inputs are, or the oracle's ``step_device`` (a ``jax.Device``) to
+    run them there."""
     if oracle is None:
         if logdensity_fn is None:
             raise ValueError("Pass logdensity_fn or oracle.")
         oracle = rows_oracle(logdensity_fn, compiled=not _traced(inputs))
     # under a JAX transform even a new constant is traced
-    return oracle, oracle.compiled and not _traced((inputs, jnp.zeros(())))
+    if not (oracle.compiled and not _traced((inputs, jnp.zeros(())))):
+        return oracle, False
+    return oracle, True if oracle.step_device is None else oracle.step_device
 
 
-def quick_compiler_options() -> dict | None:
+def quick_compiler_options(platform: str | None = None) -> dict | None:
     """XLA options for a program whose compile time is most of its cost (run once, or
     tiny): the lowest backend optimization on CPU (a third to a half of the compile time;
-    the same run time for the warm start's small steps). ``None`` on other backends."""
-    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+    the same run time for the warm start's small steps). ``None`` on other backends.
+    ``platform``: the backend the program runs on (default: JAX's default backend)."""
+    platform = jax.default_backend() if platform is None else platform
+    return {"xla_backend_optimization_level": 0} if platform == "cpu" else None
+
+
+def _on_device(args, static_argnums, device):
+    """``args`` with their arrays (not the static ones) placed on ``device``."""
+    def put(x):
+        if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+            return jax.device_put(x, device)
+        return x
+
+    return tuple(a if i in static_argnums else jax.tree.map(put, a) for i, a in enumerate(args))
+
+
+def to_default_device(tree):
+    """The array leaves of ``tree`` as uncommitted arrays on JAX's default device, as
+    results computed there are: what an oracle with a ``step_device`` returns goes
+    through this before other code mixes it with the model's arrays."""
+    def move(x):
+        if isinstance(x, jax.Array) and not _traced(x):
+            return jnp.asarray(np.asarray(x))
+        return x
+
+    return jax.tree.map(move, tree)
 
 
 def small_jit(static_argnums=()):
     """jit for the warm start's model-free steps: tiny programs run once per iteration,
     compiled on CPU at XLA's lowest backend optimization (a third of the compile time,
     the same run time at these sizes). Called with ``host=False`` (loops traced into
-    ``lax`` loops, under a JAX transform) the step is a plain function, inlined."""
+    ``lax`` loops, under a JAX transform) the step is a plain function, inlined; with
+    ``host`` a ``jax.Device`` (an oracle's ``step_device``) it runs on that device, its
+    array arguments copied there."""
 
     def decorate(fn):
         compiled = {}
 
         @wraps(fn)
-        def call(*args, host: bool):
-            if not host:
+        def call(*args, host):
+            if host is False:
                 return fn(*args)
-            if not compiled:
+            device = None if host is True else host
+            platform = jax.default_backend() if device is None else device.platform
+            if platform not in compiled:
                 with _COMPILE_LOCK:  # the first call may come from two threads
-                    if not compiled:
-                        compiled[None] = jax.jit(
+                    if platform not in compiled:
+                        compiled[platform] = jax.jit(
                             fn, static_argnums=static_argnums,
-                            compiler_options=quick_compiler_options(),
+                            compiler_options=quick_compiler_options(platform),
                         )
-            return compiled[None](*args)
+            if device is not None:
+                args = _on_device(args, static_argnums, device)
+            return compiled[platform](*args)
 
         call.small_jit = True  # a model-free step (precompile's tests find them by it)
         return call
@@ -197,10 +236,10 @@ def small_jit(static_argnums=()):
     return decorate
 
 
-def _loop(host: bool, n: int, body, carry):
-    """``carry = body(i, carry)`` for i < n: in Python around compiled steps (``host``),
-    else one ``lax.fori_loop``."""
-    if host:
+def _loop(host, n: int, body, carry):
+    """``carry = body(i, carry)`` for i < n: in Python around compiled steps (``host``
+    not ``False``, see :func:`resolve_oracle`), else one ``lax.fori_loop``."""
+    if host is not False:
         for i in range(n):
             carry = body(np.int32(i), carry)
         return carry
@@ -244,7 +283,8 @@ def _difference_finish(grads, vs):
 
 
 def difference_oracle(
-    value_and_grad: Callable[[jax.Array], tuple[jax.Array, jax.Array]], width: int
+    value_and_grad: Callable[[jax.Array], tuple[jax.Array, jax.Array]], width: int,
+    step_device=None,
 ) -> RowsOracle:
     """A compiled :class:`RowsOracle` from one compiled value-and-gradient program that
     takes ``width`` rows: Hessian-vector products by central differences of the
@@ -255,18 +295,30 @@ def difference_oracle(
     (the curvature's diagonal, a Laplace approximation that VI then refines) and the
     step ceiling (a largest eigenvalue, with a margin), where a relative error near 1e-4
     does not matter; on a quadratic log density the differences are exact up to
-    rounding."""
+    rounding.
+
+    ``step_device`` (a ``jax.Device``, e.g. the host CPU beside a GPU): the loops'
+    model-free steps run there (see :func:`small_jit`), and the rows the model program
+    gets are copied to the default device first; what the loops return is then on
+    ``step_device`` (:func:`to_default_device` moves it back). Tiny steps compile in
+    a fraction of the time on a CPU, at the cost of two small copies per model call."""
+    host = True if step_device is None else step_device
+    if step_device is not None:
+        model_value_and_grad = value_and_grad
+
+        def value_and_grad(zs):
+            return model_value_and_grad(to_default_device(zs))
 
     def hvp(zs, vs):
-        chunks, grads = _difference_points(zs, vs, width, host=True)
+        chunks, grads = _difference_points(zs, vs, width, host=host)
 
         def body(c, grads):
-            return _put(grads, value_and_grad(_take(chunks, c, host=True))[1], c, host=True)
+            return _put(grads, value_and_grad(_take(chunks, c, host=host))[1], c, host=host)
 
-        grads = _loop(True, chunks.shape[0], body, grads)
-        return _difference_finish(grads, vs, host=True)
+        grads = _loop(host, chunks.shape[0], body, grads)
+        return _difference_finish(grads, vs, host=host)
 
-    return RowsOracle(value_and_grad, hvp, True)
+    return RowsOracle(value_and_grad, hvp, True, step_device)
 
 
 # --------------------------------------------------------------------- curvature
@@ -520,7 +572,7 @@ def find_mode(
         values, grads = oracle.value_and_grad(zs)
         return _mode_step(state, direction, values, grads, init, scale, num_steps, host=host)
 
-    if host:
+    if host is not False:
         while bool(carry[0].ok):
             carry = body(carry)
     else:
@@ -644,7 +696,7 @@ def oracle_log_weights(
     """log p̄(z) − log q(z) at ``num_draws`` draws z ~ q (the draws of
     :func:`~numpyro_uha.core.gaussian_log_weights` with the same key), evaluated
     ``rows`` at a time by ``oracle``."""
-    host = oracle.compiled and not _traced((rng_key, loc, scale, jnp.zeros(())))
+    oracle, host = resolve_oracle(None, oracle, rng_key, loc, scale)
     zs, chunks = _score_points(rng_key, loc, scale, num_draws, rows, host=host)
     num = chunks.shape[0]
 
@@ -760,7 +812,8 @@ _REHEARSED: set = set()
 
 
 def precompile(
-    signature, rehearsal: Callable[[RowsOracle], object], width: int | None = None
+    signature, rehearsal: Callable[[RowsOracle], object], width: int | None = None,
+    step_device=None,
 ) -> threading.Thread | None:
     """Compile the model-free steps of a warm start in a background thread, while the
     caller does other work (e.g. traces its model): ``rehearsal(oracle)`` runs the
@@ -773,18 +826,20 @@ def precompile(
 
     ``signature`` (hashable: the dimension, dtype and static arguments) is rehearsed
     once per process. ``width``: the stand-in is a :func:`difference_oracle` of that
-    many rows, as the real setup's (else exact products). Returns the started thread
+    many rows, as the real setup's (else exact products), with its steps on
+    ``step_device`` (see :func:`difference_oracle`). Returns the started thread
     (``join`` it before the real calls, so that the two do not compile the same steps at
     once), or ``None`` when already rehearsed. Failures in the thread are ignored: the
     real call compiles what is left.
     """
+    signature = (signature, step_device)
     with _COMPILE_LOCK:
         if signature in _REHEARSED:
             return None
         _REHEARSED.add(signature)
     oracle = rows_oracle(lambda z: -0.5 * jnp.sum((z - 1.0) ** 2))
     if width is not None:
-        oracle = difference_oracle(oracle.value_and_grad, width)
+        oracle = difference_oracle(oracle.value_and_grad, width, step_device)
 
     def run():
         try:

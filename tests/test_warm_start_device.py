@@ -1,0 +1,64 @@
+"""``UHAGuide(warm_start_device=...)``: the warm start's model-free steps on another
+device than the model's (on a GPU machine: the host CPU, where the tiny steps compile at
+the quick setting). Two forced host CPU devices stand in for the two (a subprocess,
+tests/warm_start_device_worker.py, as the flag must be set before JAX starts): a step
+left on the wrong device, a result not moved back, or a copy that changes a value fails
+here as it would beside a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+from numpyro_uha import UHAGuide
+
+WORKER = Path(__file__).with_name("warm_start_device_worker.py")
+
+
+def _model():
+    numpyro.sample("x", dist.Normal(0.0, 1.0))
+
+
+def test_steps_run_on_the_other_device_with_the_same_results(tmp_path):
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["device_count"] == 2
+    # the core: the steps on cpu:1, the model's rows copied to cpu:0, results on cpu:1
+    assert r["core_steps_on"] == ["cpu:1"]
+    assert r["core_model_rows_on"] == ["cpu:0"]
+    assert r["core_result_devices"] == ["cpu:1"]
+    assert r["core_equal"]
+    # the guide: its steps on cpu:1, its parameters back on the default device and
+    # uncommitted (as without the option), the setup and a training step unchanged
+    assert r["guide_steps_on"] == ["cpu:1"]
+    assert r["guide_param_placement"] == [["['cpu:0']", False]]
+    assert r["guide_equal"]
+
+
+@pytest.mark.parametrize("bad", ["no_such_platform", 3, object()])
+def test_bad_warm_start_device_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="warm_start_device"):
+        UHAGuide(_model, warm_start_device=bad)
+
+
+def test_a_device_pickles_as_its_platform():
+    guide = UHAGuide(_model, warm_start_device=jax.devices()[0])
+    copy = pickle.loads(pickle.dumps(guide))
+    assert copy.warm_start_device == jax.devices()[0].platform
+    assert UHAGuide(_model, warm_start_device="cpu").warm_start_device == "cpu"

@@ -6,7 +6,9 @@ one device program (``_weights.weight_summary``) instead of copying every log we
 the host; k̂ comes from the M + 1 largest log weights alone (``_khat_from_largest``).
 Checked here against ArviZ's ``psislw`` (the k̂ exactly) and NumPy (the statistics, to
 float32 rounding), and end to end: the warnings name the same k̂ as ``psis_khat`` of the
-returned weights, and point at the caller's line.
+returned weights, and point at the caller's line. Draws that fit in one chunk get the
+summary from the chain's own program, over the first ``num_draws`` of the padded chunk:
+checked against the summary of the weights the call returns.
 """
 
 import sys
@@ -20,10 +22,13 @@ import pytest
 
 import conjugate_model as cm
 from numpyro_uha import UHAFitWarning
+from numpyro_uha import guide as guide_module
 from numpyro_uha._weights import (
     _khat_from_largest,
     psis_khat,
+    summary_from_values,
     summary_khat,
+    summary_largest,
     tail_size,
     weight_summary,
 )
@@ -136,3 +141,32 @@ def test_the_sign_test_counts_the_weights_below_q_elbo_minus_one(fitted):
     below = np.mean(log_w < start - 1.0)
     assert 0.79 <= below <= 0.81
     assert any(f"{below:.0%} of the log weights" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("n", [300, 1000])
+def test_the_chains_own_summary_is_that_of_the_returned_weights(fitted, n):
+    """One chunk (n below the CPU's 1008-draw batch, padded to 384 and 1008): the
+    summary made in the draw program covers the n returned draws, not the padding."""
+    guide, params = fitted
+    key = jax.random.PRNGKey(7)
+    draws = guide.sample_posterior_with_log_weights(key, params, cm.Y, sample_shape=(n,),
+                                                    nonfinite="keep")
+    lw = draws.log_weights
+    threshold = float(np.median(np.asarray(lw)))  # half below: the count is exercised
+    arrays, spec = guide_module._split_static(((cm.Y,), {}))
+    width = min(guide.sample_batch_size, guide_module._chunk_bucket(n))
+    assert width > n  # padded
+    out = guide._jitted_draws[spec](
+        key, params=params, arrays=arrays, spec=spec, corrected=False, with_info=True,
+        with_samples=True, sharding=None, batch_size=width, split=True,
+        num_valid=np.int32(n), threshold=threshold,
+    )
+    assert np.array_equal(np.asarray(out[1][:n]), np.asarray(lw))  # the same draws
+    got = summary_from_values(out[-1], n, summary_largest(n))
+    want = weight_summary(lw, jnp.isfinite(lw), threshold=threshold, khat=True)
+    assert (got.num_finite, got.num_below, got.low, got.high) == (
+        want.num_finite, want.num_below, want.low, want.high)
+    assert np.array_equal(got.largest, want.largest)
+    assert got.mean == pytest.approx(want.mean, rel=1e-6)
+    assert got.var == pytest.approx(want.var, rel=1e-5)
+    assert summary_khat(got, n) == psis_khat(np.asarray(lw, np.float64))

@@ -12,6 +12,10 @@ error), the bound UHA training must improve on.
 this repository, the same Python environment), each repeat interleaved with the current
 tree's, so the two columns share the machine's state.
 
+``--warm-start-device NAME`` also times ``UHAGuide(K=32, warm_start_device=NAME)`` (e.g.
+``cpu`` on a GPU machine: the warm start's model-free steps on the host CPU), interleaved
+with the others, in a column of its own with its start ELBO.
+
 ``--persistent-cache`` times instead what a user who enables JAX's persistent
 compilation cache waits in a *later* process: for each model and guide (``AutoNormal``,
 ``UHAGuide``), one process fills a fresh cache directory, then ``--repeats`` processes
@@ -59,6 +63,7 @@ guide = {
     "AutoNormal": lambda: AutoNormal(m.model),
     "UHAGuide": lambda: UHAGuide(m.model, K=32),
     "UHAGuide(warm_start_steps=0)": lambda: UHAGuide(m.model, K=32, warm_start_steps=0),
+    "UHAGuide(warm_start_device)": lambda: UHAGuide(m.model, K=32, warm_start_device=sys.argv[3]),
 }[guide_name]()
 svi = SVI(m.model, guide, optax.adam(1e-3), Trace_ELBO())
 start = time.perf_counter()
@@ -97,7 +102,13 @@ print("RESULT", json.dumps(out))
 """
 
 
-def time_init(model: str, guide: str, tree: str | None = None, cache: str | None = None) -> dict:
+DEVICE_GUIDE = "UHAGuide(warm_start_device)"
+
+
+def time_init(
+    model: str, guide: str, tree: str | None = None, cache: str | None = None,
+    device: str | None = None,
+) -> dict:
     env = dict(os.environ)
     if cache is not None:  # JAX's persistent compilation cache, every program in it
         env.update(
@@ -107,7 +118,7 @@ def time_init(model: str, guide: str, tree: str | None = None, cache: str | None
         )
     if tree is not None:  # the package and benchmarks of another checkout
         env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
-    return _run_child(_CHILD, model, guide, env=env, cwd=tree)
+    return _run_child(_CHILD, model, guide, *([device] if device else []), env=env, cwd=tree)
 
 
 def _run_child(script: str, *argv: str, env=None, cwd=None) -> dict:
@@ -129,6 +140,10 @@ def main(argv=None):
     parser.add_argument("--name", default="startup")
     parser.add_argument("--smoke", action="store_true", help="one model, one repeat")
     parser.add_argument("--baseline", default=None, help="git revision to time UHAGuide at too")
+    parser.add_argument(
+        "--warm-start-device", default=None,
+        help="also time UHAGuide(warm_start_device=THIS), e.g. cpu on a GPU machine",
+    )
     parser.add_argument(
         "--persistent-cache", action="store_true",
         help="time later processes with JAX's persistent compilation cache filled",
@@ -191,8 +206,19 @@ def main(argv=None):
         if args.baseline:
             base = r[BASELINE]
             table += f" {base['median_s']:.2f} | {_elbo_cell(base['start_elbo'])} |"
+        if args.warm_start_device:
+            dev = r[DEVICE_GUIDE]
+            table += f" {dev['median_s']:.2f} | {_elbo_cell(dev['start_elbo'])} |"
         table += "\n"
-    result = {"rows": rows, "repeats": args.repeats, "baseline": args.baseline}
+    if args.warm_start_device:
+        columns = table.count("|---")
+        table = table.replace(
+            "(s) |\n|" + "---|" * columns + "\n",
+            f"(s) | UHAGuide, warm_start_device={args.warm_start_device!r} (s) | its start ELBO |"
+            "\n|" + "---|" * (columns + 2) + "\n",
+        )
+    result = {"rows": rows, "repeats": args.repeats, "baseline": args.baseline,
+              "warm_start_device": args.warm_start_device}
     path = write_results(args.name, result, table)
     print(path.read_text())
 
@@ -282,11 +308,17 @@ def _time_all(args, baseline_tree):
         runs = {guide: [] for guide in GUIDES}
         if baseline_tree:
             runs[BASELINE] = []
+        if args.warm_start_device:
+            runs[DEVICE_GUIDE] = []
         for _ in range(args.repeats):  # interleaved: every guide once per round
             for guide in GUIDES:
                 runs[guide].append(time_init(model, guide))
             if baseline_tree:
                 runs[BASELINE].append(time_init(model, "UHAGuide", baseline_tree))
+            if args.warm_start_device:
+                runs[DEVICE_GUIDE].append(
+                    time_init(model, DEVICE_GUIDE, device=args.warm_start_device)
+                )
         for guide, results in runs.items():
             rows[model][guide] = _summary(results)
             print(model, guide, rows[model][guide], flush=True)

@@ -38,17 +38,26 @@ def test_steps_run_on_the_other_device_with_the_same_results(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert r["device_count"] == 2
-    # the core: the steps on cpu:1, the model's rows copied to cpu:0, results on cpu:1
-    assert r["core_steps_on"] == ["cpu:1"]
-    assert r["core_model_rows_on"] == ["cpu:0"]
-    assert r["core_result_devices"] == ["cpu:1"]
-    assert r["core_equal"]
-    # the guide: its steps on cpu:1, its parameters back on the default device and
-    # uncommitted (as without the option), the setup and a training step unchanged
-    assert r["guide_steps_on"] == ["cpu:1"]
-    assert r["guide_param_placement"] == [["['cpu:0']", False]]
-    assert r["guide_equal"]
+    default, other = r["default_device"], r["other_device"]
+    assert default != other
+    # the core: the steps on the other device, the model's rows copied to the default
+    # one, the results on the other
+    assert r["core_steps_on"] == [other]
+    assert r["core_model_rows_on"] == [default]
+    assert r["core_result_devices"] == [other]
+    # the guide: its steps on the other device, its parameters back on the default one
+    # and uncommitted (as without the option)
+    assert r["guide_steps_on"] == [other]
+    assert r["guide_param_placement"] == [[str([default]), False]]
+    if r["same_platform"]:
+        # the same programs on the same kind of device: bit for bit the same setup and
+        # first training step
+        assert r["core_equal"] and r["guide_equal"]
+    else:
+        # a GPU and its host CPU round differently: the same start ELBO within its
+        # Monte Carlo error (4 standard errors of the difference)
+        (a, se_a), (b, se_b) = r["start_elbos"]
+        assert abs(a - b) < 4 * (se_a**2 + se_b**2) ** 0.5, r["start_elbos"]
 
 
 @pytest.mark.parametrize("bad", ["no_such_platform", 3, object()])

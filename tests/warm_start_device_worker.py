@@ -1,6 +1,7 @@
-"""Subprocess side of tests/test_warm_start_device.py: two forced host CPU devices (the
-flag must be set before JAX starts), the warm start's model-free steps on the second
-(``warm_start_device``) while the model stays on the first, the default. Writes to
+"""Subprocess side of tests/test_warm_start_device.py: the warm start's model-free steps
+on a CPU device (``warm_start_device``) while the model stays on the default device: two
+forced host CPU devices (the flag must be set before JAX starts), or on a GPU machine the
+GPU and its host. Writes to
 ``OUT`` (JSON) where the steps ran and whether every result equals the one computed with
 everything on the default device.
 """
@@ -33,8 +34,10 @@ def main(out):
     from numpyro_uha import UHAGuide
     from numpyro_uha.core import warm_start as ws
 
-    default, other = jax.devices()[:2]
-    result = {"device_count": jax.device_count()}
+    # the model's device (the default) and the steps' (a CPU; on a GPU machine its host)
+    default = jax.devices()[0]
+    other = [d for d in jax.devices("cpu") if d != default][0]
+    result = {"default_device": str(default), "other_device": str(other)}
 
     # where each model-free step ran: the devices of its arguments as it was called
     ran_on = set()
@@ -99,7 +102,8 @@ def main(out):
         and a[2] == b[2] and a[3] == b[3]
     )
     result["guide_steps_on"] = sorted(ran_on)
-    result["default_device"] = str(default)
+    result["start_elbos"] = [a[3], b[3]]  # (ELBO, its standard error) each
+    result["same_platform"] = default.platform == other.platform
     Path(out).write_text(json.dumps(result))
 
 

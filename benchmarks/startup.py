@@ -16,6 +16,11 @@ tree's, so the two columns share the machine's state.
 ``cpu`` on a GPU machine: the warm start's model-free steps on the host CPU), interleaved
 with the others, in a column of its own with its start ELBO.
 
+``--quick-gpu-options`` also times ``UHAGuide(K=32)`` with its model-free steps compiled
+on a GPU at ``xla_backend_optimization_level=0`` and ``xla_gpu_autotune_level=0`` (patched
+in the child process: an experiment for a GPU machine, not a package option). A variant
+that fails is reported as such in its column.
+
 ``--persistent-cache`` times instead what a user who enables JAX's persistent
 compilation cache waits in a *later* process: for each model and guide (``AutoNormal``,
 ``UHAGuide``), one process fills a fresh cache directory, then ``--repeats`` processes
@@ -64,7 +69,15 @@ guide = {
     "UHAGuide": lambda: UHAGuide(m.model, K=32),
     "UHAGuide(warm_start_steps=0)": lambda: UHAGuide(m.model, K=32, warm_start_steps=0),
     "UHAGuide(warm_start_device)": lambda: UHAGuide(m.model, K=32, warm_start_device=sys.argv[3]),
+    "UHAGuide(quick GPU options)": lambda: UHAGuide(m.model, K=32),
 }[guide_name]()
+if guide_name == "UHAGuide(quick GPU options)":
+    # an experiment, not a package option: the model-free steps compiled on a GPU with
+    # XLA's lowest backend optimization and no autotuning, as on a CPU
+    import numpyro_uha.core.warm_start as ws
+    ws.quick_compiler_options = lambda platform=None: {
+        "xla_backend_optimization_level": 0, "xla_gpu_autotune_level": 0,
+    } if (platform or jax.default_backend()) == "gpu" else {"xla_backend_optimization_level": 0}
 svi = SVI(m.model, guide, optax.adam(1e-3), Trace_ELBO())
 start = time.perf_counter()
 state = svi.init(jax.random.PRNGKey(0), *m.args)
@@ -103,6 +116,17 @@ print("RESULT", json.dumps(out))
 
 
 DEVICE_GUIDE = "UHAGuide(warm_start_device)"
+QUICK_GUIDE = "UHAGuide(quick GPU options)"
+
+
+def _extras(args):
+    """The optional guides' keys and column labels."""
+    out = []
+    if args.warm_start_device:
+        out.append((DEVICE_GUIDE, f"UHAGuide, warm_start_device={args.warm_start_device!r}"))
+    if args.quick_gpu_options:
+        out.append((QUICK_GUIDE, "UHAGuide, steps at XLA's quick GPU options"))
+    return out
 
 
 def time_init(
@@ -143,6 +167,11 @@ def main(argv=None):
     parser.add_argument(
         "--warm-start-device", default=None,
         help="also time UHAGuide(warm_start_device=THIS), e.g. cpu on a GPU machine",
+    )
+    parser.add_argument(
+        "--quick-gpu-options", action="store_true",
+        help="also time UHAGuide with its model-free steps compiled at "
+        "xla_backend_optimization_level=0, xla_gpu_autotune_level=0 on a GPU (an experiment)",
     )
     parser.add_argument(
         "--persistent-cache", action="store_true",
@@ -206,19 +235,23 @@ def main(argv=None):
         if args.baseline:
             base = r[BASELINE]
             table += f" {base['median_s']:.2f} | {_elbo_cell(base['start_elbo'])} |"
-        if args.warm_start_device:
-            dev = r[DEVICE_GUIDE]
-            table += f" {dev['median_s']:.2f} | {_elbo_cell(dev['start_elbo'])} |"
+        for guide, _ in _extras(args):
+            extra = r[guide]
+            cell = (
+                f"{extra['median_s']:.2f} | {_elbo_cell(extra['start_elbo'])}"
+                if "error" not in extra else f"failed: {extra['error']} | —"
+            )
+            table += f" {cell} |"
         table += "\n"
-    if args.warm_start_device:
-        columns = table.count("|---")
-        table = table.replace(
-            "(s) |\n|" + "---|" * columns + "\n",
-            f"(s) | UHAGuide, warm_start_device={args.warm_start_device!r} (s) | its start ELBO |"
-            "\n|" + "---|" * (columns + 2) + "\n",
-        )
+    lines = table.split("\n")
+    header = next(i for i, line in enumerate(lines) if line.startswith("| model |"))
+    for _, label in _extras(args):
+        lines[header] += f" {label} (s) | its start ELBO |"
+        lines[header + 1] += "---|---|"
+    table = "\n".join(lines)
     result = {"rows": rows, "repeats": args.repeats, "baseline": args.baseline,
-              "warm_start_device": args.warm_start_device}
+              "warm_start_device": args.warm_start_device,
+              "quick_gpu_options": args.quick_gpu_options}
     path = write_results(args.name, result, table)
     print(path.read_text())
 
@@ -287,7 +320,11 @@ def _main_warm(args):
 
 
 def _summary(results):
-    """One guide's timed children: their times, medians and (first child's) start ELBO."""
+    """One guide's timed children: their times, medians and (first child's) start ELBO
+    (an optional guide's failure: its error)."""
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return {"error": failed[0]["error"]}
     secs = [r["seconds"] for r in results]
     steps = [r["first_step_s"] for r in results]
     return {
@@ -308,17 +345,18 @@ def _time_all(args, baseline_tree):
         runs = {guide: [] for guide in GUIDES}
         if baseline_tree:
             runs[BASELINE] = []
-        if args.warm_start_device:
-            runs[DEVICE_GUIDE] = []
+        for guide, _ in _extras(args):
+            runs[guide] = []
         for _ in range(args.repeats):  # interleaved: every guide once per round
             for guide in GUIDES:
                 runs[guide].append(time_init(model, guide))
             if baseline_tree:
                 runs[BASELINE].append(time_init(model, "UHAGuide", baseline_tree))
-            if args.warm_start_device:
-                runs[DEVICE_GUIDE].append(
-                    time_init(model, DEVICE_GUIDE, device=args.warm_start_device)
-                )
+            for guide, _ in _extras(args):
+                try:  # an experiment: its failure is a cell of the table, not the run's end
+                    runs[guide].append(time_init(model, guide, device=args.warm_start_device))
+                except RuntimeError as e:
+                    runs[guide].append({"error": str(e).splitlines()[-1][:200]})
         for guide, results in runs.items():
             rows[model][guide] = _summary(results)
             print(model, guide, rows[model][guide], flush=True)

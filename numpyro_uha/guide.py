@@ -2182,7 +2182,7 @@ def _step_device(spec):
         device = spec
     elif isinstance(spec, str):
         try:
-            device = jax.devices(spec)[0]
+            device = jax.local_devices(backend=spec)[0]
         except RuntimeError as e:
             raise ValueError(
                 f"warm_start_device: no {spec!r} device here ({e}); pass None, 'cpu' or a "
@@ -2193,7 +2193,7 @@ def _step_device(spec):
             "warm_start_device must be None, a platform name such as 'cpu', or a "
             f"jax.Device; got {type(spec).__name__}."
         )
-    return None if device == jax.devices()[0] else device
+    return None if device == jax.local_devices()[0] else device
 
 
 def _chunk_bucket(num_draws: int) -> int:

@@ -382,8 +382,9 @@ class UHAGuide(AutoContinuous):
             ``"cpu"`` or a ``jax.Device`` to run them there, while the model's log
             density stays on the default device (two small copies per model call). On a
             GPU, ``"cpu"`` compiles the about 25 tiny steps at the CPU's quick setting
-            instead of for the GPU (see docs/how-to/devices.md). The result is the
-            same; only ``svi.init``'s time changes. A ``jax.Device`` is pickled as its
+            instead of for the GPU (see docs/how-to/devices.md). The fit is the same
+            up to the two devices' rounding (bit for bit on two devices of one kind);
+            only ``svi.init``'s time changes. A ``jax.Device`` is pickled as its
             platform name.
     """
 

@@ -88,7 +88,7 @@ def main(out):
         svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
         state = svi.init(jax.random.PRNGKey(1), X, y)
         params = svi.get_params(state)
-        state, loss = svi.update(state, X, y)
+        state, loss = jax.jit(svi.update)(state, X, y)
         runs[name] = (params, svi.get_params(state), float(loss), guide._start_elbo)
         if device is not None:
             result["guide_param_placement"] = sorted({

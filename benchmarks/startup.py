@@ -162,7 +162,8 @@ def main(argv=None):
     parser.add_argument("--models", nargs="+", default=MODELS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--name", default="startup")
-    parser.add_argument("--smoke", action="store_true", help="one model, one repeat")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one model, one repeat, every optional column")
     parser.add_argument("--baseline", default=None, help="git revision to time UHAGuide at too")
     parser.add_argument(
         "--warm-start-device", default=None,
@@ -182,8 +183,9 @@ def main(argv=None):
         help="time svi.init in a process that set up the same model before",
     )
     args = parser.parse_args(argv)
-    if args.smoke:
+    if args.smoke:  # every column, the optional ones too
         args.models, args.repeats = ["hierarchical_logistic"], 1
+        args.warm_start_device, args.quick_gpu_options = args.warm_start_device or "cpu", True
     if args.persistent_cache:
         return _main_cached(args)
     if args.warm_process:

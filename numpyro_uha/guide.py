@@ -1544,10 +1544,11 @@ class UHAGuide(AutoContinuous):
             corrected=corrected, with_info=with_info, with_samples=with_samples,
             sharding=sharding,
         )
-        summary_arrays = None
-        # q's ELBO at the start, where the draws can be compared with it, and the weight
-        # summary's threshold (below it: a draw more than 1 nat below q's ELBO)
-        start = self._start_elbo_for((args, kwargs)) if nonfinite != "keep" else None
+        summary_arrays = start = None
+        if concrete and nonfinite != "keep":
+            # q's ELBO at the start, where the draws can be compared with it: the weight
+            # summary made with the draws counts those more than 1 nat below it
+            start = self._start_elbo_for((args, kwargs))
         threshold = -math.inf if start is None else float(start[0]) - 1.0
         if concrete:
             # Concrete: the draws run in chunks of a fixed width, one compiled program
@@ -1577,7 +1578,13 @@ class UHAGuide(AutoContinuous):
                     return chunk if sharding is None else put_global(np.asarray(chunk), sharding)
 
                 chunks = [draw(place(i), batch_size=width) for i in range(num_chunks)]
-            if not all(x.is_fully_addressable for x in jax.tree.leaves(chunks)):
+            if _is_tracer(chunks):
+                # concrete inputs inside the user's jax.jit (all closed over): the
+                # chunks are traced there, and joined in the traced program
+                out = chunks[0] if num_chunks == 1 and width == num_draws else _join(
+                    chunks, num_draws
+                )
+            elif not all(x.is_fully_addressable for x in jax.tree.leaves(chunks)):
                 # across processes: every process gets all the draws
                 out = jax.tree.map(
                     lambda *xs: jnp.asarray(np.concatenate([gather(x) for x in xs])[:num_draws]),
@@ -1608,6 +1615,9 @@ class UHAGuide(AutoContinuous):
                     summary_arrays, num_draws, summary_largest(num_draws, judge)
                 )
             else:
+                if not concrete:  # concrete draws from a typed key: not looked up above
+                    start = self._start_elbo_for((args, kwargs))
+                    threshold = -math.inf if start is None else float(start[0]) - 1.0
                 summary = weight_summary(log_weights, finite, threshold=threshold, khat=judge)
             bad = num_draws - summary.num_finite
             if start is not None:
@@ -2264,7 +2274,11 @@ def _data_fingerprint(arrays, spec):
     """Shapes, dtypes, static leaves and (sum, sum of squares) of the array leaves of a
     model's arguments: tells the data the guide was set up with from other data."""
     layout = (spec, tuple((tuple(np.shape(a)), str(a.dtype)) for a in arrays))
-    return layout, (np.asarray(_sums(list(arrays)), np.float64) if arrays else np.zeros((0, 2)))
+    if not arrays:
+        return layout, np.zeros((0, 2))
+    # concrete arrays inside a JAX trace (closed over by a jitted function) too
+    with jax.ensure_compile_time_eval():
+        return layout, np.asarray(_sums(list(arrays)), np.float64)
 
 
 def _same_data(a, b) -> bool:
@@ -2302,8 +2316,9 @@ def _draw_keys(rng_key, num_draws, total):
     rng_key = jnp.asarray(rng_key)
     if jax.config.jax_threefry_partitionable:
         return _split_keys(rng_key, total)
-    keys = np.asarray(jax.random.split(rng_key, num_draws))
-    return jnp.asarray(keys[np.arange(total) % num_draws])
+    with jax.ensure_compile_time_eval():  # a concrete key inside a jax.jit too
+        keys = np.asarray(jax.random.split(rng_key, num_draws))
+        return jnp.asarray(keys[np.arange(total) % num_draws])
 
 
 @partial(jax.jit, static_argnums=2)

@@ -3,6 +3,8 @@ improper priors, ``scan``, ``block``, ``AutoGuideList``; and guide methods under
 ``jit``/``vmap``. Each test checks a value against an independent computation, not only
 that the call runs."""
 
+import pickle
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,7 +122,19 @@ def test_guide_methods_under_jit_and_vmap_match_eager_calls():
     guide = UHAGuide(two_means, K=2, warm_start_steps=20)
     result = fit(two_means, guide, Y)
     key = jax.random.PRNGKey(5)
+    # first calls under jit, on a fresh copy (nothing about the data remembered yet):
+    # everything closed over (key, params, data), the key, the params, the data traced
+    fresh = [pickle.loads(pickle.dumps(guide)) for _ in range(4)]
+    first = [
+        jax.jit(lambda: fresh[3].sample_posterior(key, result.params, Y, sample_shape=(10,)))(),
+        jax.jit(lambda k: fresh[0].sample_posterior(k, result.params, Y, sample_shape=(10,)))(key),
+        jax.jit(lambda p, k: fresh[1].sample_posterior(k, p, Y, sample_shape=(10,)))(result.params, key),
+        jax.jit(lambda y, k: fresh[2].sample_posterior(k, result.params, y, sample_shape=(10,)))(Y, key),
+    ]
     eager = guide.sample_posterior(key, result.params, Y, sample_shape=(10,))
+    for draws in first:
+        for name in eager:
+            np.testing.assert_allclose(draws[name], eager[name], rtol=1e-5, atol=1e-6)
     jitted = jax.jit(lambda k: guide.sample_posterior(k, result.params, Y, sample_shape=(10,)))(key)
     traced_params = jax.jit(lambda p, k: guide.sample_posterior(k, p, Y, sample_shape=(10,)))(result.params, key)
     for draws in (jitted, traced_params):

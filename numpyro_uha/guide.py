@@ -1578,13 +1578,11 @@ class UHAGuide(AutoContinuous):
                     return chunk if sharding is None else put_global(np.asarray(chunk), sharding)
 
                 chunks = [draw(place(i), batch_size=width) for i in range(num_chunks)]
-            if _is_tracer(chunks):
-                # concrete inputs inside the user's jax.jit (all closed over): the
-                # chunks are traced there, and joined in the traced program
-                out = chunks[0] if num_chunks == 1 and width == num_draws else _join(
-                    chunks, num_draws
-                )
-            elif not all(x.is_fully_addressable for x in jax.tree.leaves(chunks)):
+            # (traced chunks: concrete inputs all closed over by the user's jax.jit; they
+            # are joined in the traced program)
+            if not _is_tracer(chunks) and not all(
+                x.is_fully_addressable for x in jax.tree.leaves(chunks)
+            ):
                 # across processes: every process gets all the draws
                 out = jax.tree.map(
                     lambda *xs: jnp.asarray(np.concatenate([gather(x) for x in xs])[:num_draws]),

@@ -82,7 +82,7 @@ def psis_khat(log_weights) -> float:
     if np.all(finite == finite[0]) and finite.size == log_w.size:
         return -math.inf
     n = log_w.size
-    top = min(tail_size(n) + 1, n)
+    top = _top_count(n)
     # the tail_size(n) + 1 largest, in O(n) (ArviZ sorts all n)
     return _khat_from_largest(np.partition(log_w, n - top)[n - top:], n)
 
@@ -91,6 +91,12 @@ def tail_size(n: int) -> int:
     """M, the number of largest weights PSIS fits its Pareto tail to, for ``n`` independent
     draws (ArviZ's ``psislw`` with r_eff = 1: ⌈min(n/5, 3√n)⌉)."""
     return int(np.ceil(min(n / 5.0, 3 * n ** 0.5)))
+
+
+def _top_count(n: int) -> int:
+    """How many of ``n`` log weights k̂ is fitted from: the ``tail_size(n) + 1`` largest
+    (all ``n`` where there are fewer)."""
+    return min(tail_size(n) + 1, n)
 
 
 def _psislw_khat(log_w) -> float:
@@ -114,10 +120,8 @@ def _khat_from_largest(largest, n) -> float:
     the result equals ``psislw``'s.
     """
     x = np.sort(np.asarray(largest, np.float64))  # ascending
-    if x.size != min(tail_size(n) + 1, n):
-        raise ValueError(
-            f"_khat_from_largest: expected {min(tail_size(n) + 1, n)} values, got {x.size}"
-        )
+    if x.size != _top_count(n):
+        raise ValueError(f"_khat_from_largest: expected {_top_count(n)} values, got {x.size}")
     if x.size < tail_size(n) + 1:
         return _psislw_khat(x)
     try:
@@ -251,7 +255,7 @@ _weight_summary = partial(jax.jit, static_argnames=("num_largest",))(summary_val
 def summary_largest(n: int, khat: bool = True) -> int:
     """How many of the largest weights :func:`summary_khat` needs for ``n`` weights (0
     without ``khat``)."""
-    return min(tail_size(n) + 1, n) if khat and n >= 2 else 0
+    return _top_count(n) if khat and n >= 2 else 0
 
 
 def weight_summary(log_weights, finite, *, threshold=-np.inf, khat=False):

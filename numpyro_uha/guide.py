@@ -770,13 +770,12 @@ class UHAGuide(AutoContinuous):
             )
         if precompiling is not None:
             precompiling.join()
-        out = self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
-        # from the warm start's step device (if any) back to the default one
-        return out if oracle.step_device is None else to_default_device(out)
+        return self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
 
     def _setup_numerics(self, kind, oracle, rng_key, loc, scale, full_rank, vi_iterations=None):
         """:meth:`_run_setup`'s calls on a given ``oracle`` (the model's, or
-        :func:`~numpyro_uha.core.warm_start.precompile`'s stand-in)."""
+        :func:`~numpyro_uha.core.warm_start.precompile`'s stand-in), their results on
+        the default device (from the oracle's ``step_device``, if any)."""
         if kind == "warm_start":
             fit = warm_start(
                 rng_key, None, loc, scale,
@@ -787,11 +786,13 @@ class UHAGuide(AutoContinuous):
                 oracle=oracle,
                 vi_iterations=vi_iterations,
             )
-            return fit, _curvature(oracle, fit.loc, fit.scale)
-        log_weights = oracle_log_weights(
-            oracle, rng_key, loc, scale, START_ELBO_DRAWS, self._score_rows
-        )
-        return log_weights, _curvature(oracle, loc, scale)
+            out = fit, _curvature(oracle, fit.loc, fit.scale)
+        else:
+            log_weights = oracle_log_weights(
+                oracle, rng_key, loc, scale, START_ELBO_DRAWS, self._score_rows
+            )
+            out = log_weights, _curvature(oracle, loc, scale)
+        return out if oracle.step_device is None else to_default_device(out)
 
     def _setup_width(self, kind) -> int:
         """Rows of the setup's model program (:meth:`_oracle_impl`): the warm start's
@@ -827,8 +828,6 @@ class UHAGuide(AutoContinuous):
             out, lam = self._setup_numerics(
                 kind, oracle, key, loc, scale, full_rank, vi_iterations=2
             )
-            if oracle.step_device is not None:
-                out, lam = to_default_device((out, lam))
             if kind == "warm_start":
                 loc, scale = out.loc, out.scale
                 _all_finite((loc, scale), host=True)
@@ -1545,9 +1544,9 @@ class UHAGuide(AutoContinuous):
             sharding=sharding,
         )
         summary_arrays = start = None
-        if concrete and nonfinite != "keep":
+        if nonfinite != "keep" and not _is_tracer((rng_key, params, arrays)):
             # q's ELBO at the start, where the draws can be compared with it: the weight
-            # summary made with the draws counts those more than 1 nat below it
+            # summary counts the draws more than 1 nat below it
             start = self._start_elbo_for((args, kwargs))
         threshold = -math.inf if start is None else float(start[0]) - 1.0
         if concrete:
@@ -1613,9 +1612,6 @@ class UHAGuide(AutoContinuous):
                     summary_arrays, num_draws, summary_largest(num_draws, judge)
                 )
             else:
-                if not concrete:  # concrete draws from a typed key: not looked up above
-                    start = self._start_elbo_for((args, kwargs))
-                    threshold = -math.inf if start is None else float(start[0]) - 1.0
                 summary = weight_summary(log_weights, finite, threshold=threshold, khat=judge)
             bad = num_draws - summary.num_finite
             if start is not None:
@@ -1678,9 +1674,8 @@ class UHAGuide(AutoContinuous):
         log_w = log_w[np.isfinite(log_w)]
         if log_w.size < 2:
             return False
-        elbo, se = _mean_and_se(log_w)
         summary = WeightSummary(
-            log_w.size, elbo, (se * math.sqrt(log_w.size)) ** 2, float(np.median(log_w)),
+            log_w.size, float(log_w.mean()), float(log_w.var(ddof=1)), float(np.median(log_w)),
             int(np.sum(log_w < start[0] - 1.0)), float(log_w.min()), float(log_w.max()),
             np.zeros(0),
         )

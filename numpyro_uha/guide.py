@@ -191,6 +191,15 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Why get_posterior, get_base_dist and get_transform are not available.
+_NO_CLOSED_FORM = (
+    "UHAGuide's posterior has no closed form (its draws come from a Hamiltonian chain); "
+    "use sample_posterior() or sample_posterior_with_log_weights(). The Gaussian q the "
+    "chain starts from is in the params (the guide's '_loc' and '_scale' or '_scale_tril' "
+    "entries, in the unconstrained space)."
+)
+
+
 class WeightedDraws(NamedTuple):
     """Posterior draws with their UHA importance weights.
 
@@ -1221,10 +1230,12 @@ class UHAGuide(AutoContinuous):
 
     # --------------------------------------------------------------- guide
     def _get_posterior(self):
-        raise NotImplementedError(
-            "UHAGuide's posterior has no closed form; use sample_posterior() or "
-            "sample_posterior_with_log_weights()."
-        )
+        raise NotImplementedError(_NO_CLOSED_FORM)
+
+    def get_base_dist(self):
+        """Not available: UHA's draws come from a Hamiltonian chain, not a transformed
+        base distribution (so neither are ``get_posterior`` nor ``get_transform``)."""
+        raise NotImplementedError(_NO_CLOSED_FORM)
 
     def _sample_latent(self, *args, **kwargs):
         return self._latent_and_model_params(*args, **kwargs)[0]
@@ -1510,6 +1521,8 @@ class UHAGuide(AutoContinuous):
             )
         self._require_setup()
         self._check_params(params)
+        if not args and not kwargs and self._setup_args is not None:
+            args, kwargs = self._setup_args  # as median/quantiles: the first call's data
         sample_shape = _sample_shape(sample_shape, "UHAGuide")
         num_draws = int(math.prod(sample_shape))
         if num_draws == 0:
@@ -1802,6 +1815,11 @@ class UHAGuide(AutoContinuous):
         width used both ways is compiled twice). Draw ``i`` is the same for every
         ``sample_shape`` with more than ``i`` draws (same key). Returns a dict of constrained latent and
         deterministic site values with leading shape ``sample_shape``.
+
+        UHA's chain targets the posterior, so it needs the model's data: ``*args`` and
+        ``**kwargs`` are the model's arguments, as in training. Called without any (as
+        ``AutoNormal``'s ``sample_posterior`` often is), the arguments of the guide's
+        first call (its setup, e.g. ``svi.init``) are used.
 
         ``nonfinite`` says what happens to draws whose trajectory diverged (a NaN or
         infinite log weight, or a non-finite latent):

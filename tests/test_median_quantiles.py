@@ -76,3 +76,29 @@ def test_quantiles_have_the_sites_and_shapes_of_auto_normal(guides):
     # the median and the 0.5 quantile agree
     median = uha.median(params, Y, num_samples=NUM_SAMPLES)
     np.testing.assert_allclose(quantiles["exp_mu"][1], median["exp_mu"], rtol=1e-6)
+
+
+def test_draws_without_arguments_use_the_first_calls_data(guides):
+    """``sample_posterior(key, params, sample_shape=...)``, as AutoNormal's is usually
+    called, draws with the data of the guide's setup: the same draws as with them."""
+    uha, params = guides[0]
+    key = jax.random.PRNGKey(3)
+    without = uha.sample_posterior(key, params, sample_shape=(50,))
+    given = uha.sample_posterior(key, params, Y, sample_shape=(50,))
+    for name in given:
+        np.testing.assert_array_equal(without[name], given[name])
+    weighted = uha.sample_posterior_with_log_weights(key, params, sample_shape=(50,))
+    np.testing.assert_array_equal(
+        weighted.log_weights, uha.sample_posterior_with_log_weights(key, params, Y, sample_shape=(50,)).log_weights
+    )
+    # other data given explicitly are used, not the setup's
+    other = uha.sample_posterior(key, params, Y + 3.0, sample_shape=(50,))
+    assert not np.array_equal(other["mu"], given["mu"])
+
+
+@pytest.mark.parametrize("method", ["get_posterior", "get_transform", "get_base_dist"])
+def test_closed_form_posterior_methods_say_what_to_use_instead(guides, method):
+    uha, params = guides[0]
+    args = () if method == "get_base_dist" else (params,)
+    with pytest.raises(NotImplementedError, match="no closed form.*sample_posterior"):
+        getattr(uha, method)(*args)

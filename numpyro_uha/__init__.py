@@ -10,6 +10,7 @@ from numpyro_uha.guide import (
     UHADivergenceWarning,
     UHAFitWarning,
     UHAGuide,
+    UHAImproperPosteriorWarning,
     UHANonfiniteDrawsWarning,
     WeightedDraws,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "UHADivergenceWarning",
     "UHAFitWarning",
     "UHAGuide",
+    "UHAImproperPosteriorWarning",
     "UHANonfiniteDrawsWarning",
     "WeightedDraws",
     "load_fit",

@@ -84,6 +84,17 @@ class UHAFitWarning(RuntimeWarning):
     (:meth:`~numpyro_uha.UHAGuide.warn_if_worse_than_start`)."""
 
 
+class UHAImproperPosteriorWarning(UHAFitWarning):
+    """The model's log density does not change along some latent coordinates (found at
+    setup: its gradient there is exactly zero at q's mean and at draws from q), so the
+    posterior is improper in them (flat over the whole real line): no guide fits it, the
+    ELBO and log Z grow without bound as q widens, and only the other coordinates'
+    draws mean anything. Typical causes: the entries of an ``obs_mask`` site's
+    ``<name>_unobserved`` latent where the data are observed (NumPyro masks their
+    density out), or a latent with an improper prior (``ImproperUniform``) that nothing
+    else depends on."""
+
+
 class UHADivergenceError(FloatingPointError):
     """Training (or a draw) produced a non-finite UHA log weight.
 

@@ -41,6 +41,7 @@ from numpyro_uha._divergence import (
     UHADivergenceError,
     UHADivergenceWarning,
     UHAFitWarning,
+    UHAImproperPosteriorWarning,
     UHANonfiniteDrawsWarning,
     check_latch,
     diverged,
@@ -104,6 +105,7 @@ __all__ = [
     "UHADivergenceError",
     "UHADivergenceWarning",
     "UHAFitWarning",
+    "UHAImproperPosteriorWarning",
     "UHANonfiniteDrawsWarning",
 ]
 
@@ -501,6 +503,11 @@ class UHAGuide(AutoContinuous):
 
     # ------------------------------------------------------------------ setup
     def _setup_prototype(self, *args, **kwargs):
+        self._setup_coordinates(args, kwargs)
+        self._warn_if_flat()
+
+    def _setup_coordinates(self, args, kwargs):
+        """The setup, in the coordinates ``decenter`` resolves to."""
         self.model = self._user_model
         dim = self._validate_model(args, kwargs)
         precompiling = None if _is_tracer((args, kwargs)) else self._precompile_setup(dim)
@@ -538,6 +545,7 @@ class UHAGuide(AutoContinuous):
 
     def _setup_in(self, decenter, precompiling, args, kwargs):
         """The setup in given coordinates: ``decenter`` names the non-centered sites."""
+        self._flat_mask = None
         # NumPyro's initial point: in non-centered coordinates, the one init_loc_fn gives
         # the model as written (see _decenter.decentered_init)
         self.init_loc_fn = self._user_init_loc_fn
@@ -779,7 +787,43 @@ class UHAGuide(AutoContinuous):
             )
         if precompiling is not None:
             precompiling.join()
-        return self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
+        out = self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
+        if oracle.compiled:
+            q = (out[0].loc, out[0].scale) if kind == "warm_start" else (loc, scale)
+            self._flat_mask = _flat_coordinates(oracle, *q, width)
+        return out
+
+    def _warn_if_flat(self):
+        """Warn (:class:`~numpyro_uha.UHAImproperPosteriorWarning`) where the setup found
+        coordinates the log density does not depend on (:func:`_flat_coordinates`),
+        naming their sites and positions."""
+        mask = getattr(self, "_flat_mask", None)
+        if mask is None or not mask.any():
+            return
+        index = self._unpack_latent(np.arange(mask.shape[0], dtype=np.float64))
+        parts = []
+        for name, positions in index.items():
+            positions = np.rint(np.asarray(positions)).astype(int)
+            flat = mask[positions.reshape(-1)].reshape(positions.shape)
+            if not flat.any():
+                continue
+            where = [tuple(int(i) for i in w) for w in np.argwhere(flat)]
+            shown = ", ".join(str(w[0] if len(w) == 1 else w) for w in where[:8])
+            more = f", … ({len(where)} in all)" if len(where) > 8 else ""
+            what = f"at positions {shown}{more}" if flat.ndim else ""
+            parts.append(f"{self._model_site(name)!r} {what}".rstrip())
+        warnings.warn(
+            "UHAGuide: the model's log density does not depend on latent site(s) "
+            f"{'; '.join(parts)} (its gradient there is exactly zero at q's mean and at "
+            "draws from q), so the posterior is improper in "
+            "them: no guide can fit them, and the ELBO and log Z grow without bound as q "
+            "widens there. The entries of an obs_mask site's '<name>_unobserved' latent "
+            "where the data are observed, and latents with an improper prior that nothing "
+            "depends on, do this. Give them a proper prior, or leave them out of the model "
+            "(for obs_mask, impute only the missing entries: sample them as their own site).",
+            UHAImproperPosteriorWarning,
+            stacklevel=2,
+        )
 
     def _setup_numerics(self, kind, oracle, rng_key, loc, scale, full_rank, vi_iterations=None):
         """:meth:`_run_setup`'s calls on a given ``oracle`` (the model's, or
@@ -2030,6 +2074,25 @@ class UHAGuide(AutoContinuous):
         # Every latent and deterministic site (all that sample_posterior returns), as
         # AutoNormal's median and quantiles do.
         return dict(samples)
+
+
+#: q's sds at which :func:`_flat_coordinates` looks (the mean, and draws this far out)
+FLAT_CHECK_WIDTH = 2.0
+
+
+def _flat_coordinates(oracle, loc, scale, rows) -> np.ndarray | None:
+    """The coordinates along which the log density is constant: its gradient exactly
+    zero there at q's mean and ``rows`` − 1 draws from q at ``FLAT_CHECK_WIDTH`` times its
+    marginal sds (a bool mask; one call of the setup's model program, built on the host
+    so that nothing new is compiled). ``None`` where q is not finite."""
+    loc, scale = np.asarray(loc), np.asarray(scale)
+    if not (np.all(np.isfinite(loc)) and np.all(np.isfinite(scale))):
+        return None
+    s = np.sqrt(np.sum(scale**2, axis=-1)) if scale.ndim == 2 else np.broadcast_to(scale, loc.shape)
+    noise = np.random.default_rng(0).standard_normal((rows - 1, loc.shape[-1]))
+    points = np.concatenate([loc[None], loc + FLAT_CHECK_WIDTH * s * noise]).astype(loc.dtype)
+    _, grads = oracle.value_and_grad(points)
+    return np.all(np.asarray(grads) == 0, axis=0)
 
 
 def _marginal_std(scale):

@@ -376,6 +376,7 @@ class UHALocalGuide(AutoGuide):
         self._init_loc_row = jnp.where(jnp.isfinite(row), row, 0.0).mean(0).astype(dtype)
         self._check_no_batch_sized_globals(trace, global_latents, size, subsample_size)
         self._check_finite_data(trace, trace[name]["value"])
+        self._check_outside_sites_ignore_locals(trace, args, kwargs, sites_in)
         if self._global_latents:
             self.global_guide = self._make_global_guide()
         self._init_values = self._initial_values(dtype)
@@ -448,6 +449,50 @@ class UHALocalGuide(AutoGuide):
                     UserWarning,
                     stacklevel=4,
                 )
+
+    def _check_outside_sites_ignore_locals(self, trace, args, kwargs, sites_in):
+        """A clear error where a sample site outside the plate (observed, latent or a
+        ``numpyro.factor``) depends on the local latents: each chain targets the density
+        of the sites inside the plate only, so such a term would be missing from the
+        chains and from :meth:`log_z` (e.g. observations in a second plate indexing the
+        group effects, ``y ~ Normal(a[group], ...)``). Found by tracing the model again
+        with every local moved (by 0.7 in its unconstrained coordinates) and everything
+        else (latents, plates' indices) held: a site outside whose log density changes
+        depends on them."""
+        moved = {}
+        for n in self._local_sites:
+            transform = biject_to(trace[n]["fn"].support)
+            moved[n] = transform(transform.inv(trace[n]["value"]) + 0.7)
+        held = {
+            n: site["value"] for n, site in trace.items()
+            if site["type"] in ("sample", "plate") and n not in moved
+            and not (site["type"] == "sample" and site["is_observed"])
+        }
+        with handlers.block():
+            again = handlers.trace(
+                handlers.seed(handlers.substitute(self.model, data={**held, **moved}), 0)
+            ).get_trace(*args, **kwargs)
+        dependent = []
+        for n, site in trace.items():
+            if site["type"] != "sample" or n in sites_in or n not in again:
+                continue
+            before = np.asarray(site["fn"].log_prob(site["value"]))
+            after = np.asarray(again[n]["fn"].log_prob(again[n]["value"]))
+            if before.shape != after.shape or not np.allclose(
+                before, after, rtol=1e-6, atol=0.0, equal_nan=True
+            ):
+                dependent.append(n)
+        if dependent:
+            raise ValueError(
+                f"UHALocalGuide: site(s) {dependent} outside the plate '{self._plate_name}' "
+                f"depend on its local latent(s) {self._local_sites}. Each data point's chain "
+                "targets the density of the sites inside the plate (its local latents and "
+                "observations), so a term outside it would be missing from the chains and "
+                "from log_z. Put each data point's observations (and any factor of its "
+                "locals) inside the plate, e.g. for grouped data one plate over the groups "
+                "whose observed site has the group's observations as its event or a masked "
+                "row; or use UHAGuide for the whole model."
+            )
 
     def _check_finite_data(self, trace, idx):
         """A clear error where an observed site of the plate has a NaN or inf value

@@ -477,6 +477,56 @@ def test_clear_errors(model, message):
         handlers.seed(guide, 0)(None)
 
 
+def indexed_groups(group, y):
+    """Group effects in one plate, observations in another indexing them: the
+    likelihood is outside the plate of locals."""
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    with numpyro.plate("groups", 4):
+        a = numpyro.sample("a", dist.Normal(mu, 1))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(a[group], 1), obs=y)
+
+
+def global_after_locals(group, y):
+    with numpyro.plate("groups", 4):
+        a = numpyro.sample("a", dist.Normal(0, 1))
+        numpyro.sample("y", dist.Normal(a, 1), obs=y[:4])
+    numpyro.sample("total", dist.Normal(jnp.sum(a), 1))
+
+
+def factor_outside(group, y):
+    with numpyro.plate("groups", 4):
+        a = numpyro.sample("a", dist.Normal(0, 1))
+        numpyro.sample("y", dist.Normal(a, 1), obs=y[:4])
+    numpyro.factor("sum_to_zero", -10.0 * jnp.sum(a) ** 2)
+
+
+def global_after_plate_alone(group, y):
+    """Sampled after the plate but independent of its locals: accepted."""
+    with numpyro.plate("groups", 4):
+        a = numpyro.sample("a", dist.Normal(0, 1))
+        numpyro.sample("y", dist.Normal(a, 1), obs=y[:4])
+    s = numpyro.sample("s", dist.HalfNormal(1))
+    numpyro.sample("y_rest", dist.Normal(0, s).expand([y.shape[0] - 4]).to_event(1), obs=y[4:])
+
+
+@pytest.mark.parametrize(
+    "model, dependent",
+    [(indexed_groups, "'y'"), (global_after_locals, "'total'"), (factor_outside, "'sum_to_zero'")],
+)
+def test_sites_outside_the_plate_that_depend_on_its_locals_are_refused(model, dependent):
+    """Each chain targets the sites inside the plate: a term of the locals outside it
+    would be silently missing from the chains and log_z."""
+    group = jnp.arange(12) % 4
+    y = jnp.linspace(-1.0, 1.0, 12)
+    guide = UHALocalGuide(model, K=2, subsample_plate="groups")
+    with pytest.raises(ValueError, match=rf"site\(s\) \[{dependent}\] outside the plate 'groups' depend on its local latent\(s\) \['a'\]"):
+        handlers.seed(guide, 0)(group, y)
+    if model is indexed_groups:  # the same data, the likelihood inside the plate: accepted
+        accepted = UHALocalGuide(global_after_plate_alone, K=2, subsample_plate="groups")
+        handlers.seed(accepted, 0)(group, y)
+
+
 @pytest.mark.parametrize("form", ["class", "instance", "factory"])
 def test_a_uha_global_guide_is_refused_with_the_reason(form):
     """A UHAGuide for the globals would anneal to their prior (the likelihood is in the

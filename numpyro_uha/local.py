@@ -74,6 +74,7 @@ from numpyro_uha.guide import (
     _chunk_bucket,
     _chunkable,
     _draw_keys,
+    _is_tracer,
     _jit_once,
     _join,
     _key_chunk,
@@ -458,7 +459,10 @@ class UHALocalGuide(AutoGuide):
         group effects, ``y ~ Normal(a[group], ...)``). Found by tracing the model again
         with every local moved (by 0.7 in its unconstrained coordinates) and everything
         else (latents, plates' indices) held: a site outside whose log density changes
-        depends on them."""
+        depends on them. Skipped where the values are traced (set up inside a JAX
+        transform)."""
+        if _is_tracer([trace[n]["value"] for n in self._local_sites]) or _is_tracer((args, kwargs)):
+            return
         moved = {}
         for n in self._local_sites:
             transform = biject_to(trace[n]["fn"].support)

@@ -378,6 +378,8 @@ class UHALocalGuide(AutoGuide):
         self._check_no_batch_sized_globals(trace, global_latents, size, subsample_size)
         self._check_finite_data(trace, trace[name]["value"])
         self._check_outside_sites_ignore_locals(trace, args, kwargs, sites_in)
+        if self.encoder is None and subsample_size < size and not _is_tracer((args, kwargs)):
+            self._warn_if_data_ignore_the_indices(args, kwargs, size, subsample_size)
         if self._global_latents:
             self.global_guide = self._make_global_guide()
         self._init_values = self._initial_values(dtype)
@@ -781,7 +783,35 @@ class UHALocalGuide(AutoGuide):
         except jax.errors.ConcretizationTypeError:
             return False
 
-    def _same_traces(self, args, kwargs, size, subsample_size):
+    def _warn_if_data_ignore_the_indices(self, args, kwargs, size, subsample_size):
+        """Per-data-point q_i are picked by the plate's indices, so a model passed a
+        minibatch that does not follow them (``model(x_batch, N)`` with the plate's
+        indices unused) trains q_i on another data point's data: warn where the plate's
+        observed values are the same for two different sets of indices."""
+        traces = self._traces_at_two_index_sets(args, kwargs, size, subsample_size)
+        same = [
+            n for n in self._observed_sites
+            if n in traces[0] and n in traces[1]
+            and jnp.shape(traces[0][n]["value"]) == jnp.shape(traces[1][n]["value"])
+            and bool(jnp.array_equal(traces[0][n]["value"], traces[1][n]["value"]))
+        ]
+        if same and len(same) == len(self._observed_sites):
+            warnings.warn(
+                f"UHALocalGuide: the observed site(s) {same} of the plate "
+                f"'{self._plate_name}' hold the same values whichever data points the "
+                "plate's indices pick, but each data point's q_i (per-data-point "
+                "parameters, no encoder) is chosen by those indices: a model passed its "
+                "minibatch would train q_i on another data point's data. Index the full "
+                f"data by the plate's indices (`with numpyro.plate('{self._plate_name}', N, "
+                "subsample_size=B) as idx: ... obs=y[idx]`, or numpyro.subsample), or give "
+                "an encoder. (If your data points are identical, this is harmless.)",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def _traces_at_two_index_sets(self, args, kwargs, size, subsample_size):
+        """The model traced with the plate's indices the first ``subsample_size`` and
+        the last ones reversed (the same keys otherwise)."""
         first = jnp.arange(subsample_size)
         other = jnp.arange(size - subsample_size, size)[::-1]
         traces = []
@@ -794,6 +824,10 @@ class UHALocalGuide(AutoGuide):
                         )
                     ).get_trace(*args, **kwargs)
                 )
+        return traces
+
+    def _same_traces(self, args, kwargs, size, subsample_size):
+        traces = self._traces_at_two_index_sets(args, kwargs, size, subsample_size)
         for name, site in traces[0].items():
             if site["type"] != "sample":
                 continue

@@ -889,3 +889,39 @@ def test_a_fitted_guide_with_global_latents_pickles_and_draws_the_same():
     assert set(before) == set(after) >= {"mu", "z"}
     for name in before:
         np.testing.assert_array_equal(before[name], after[name], err_msg=name)
+
+
+def _minibatch_passed(y_batch, num_data):
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    with numpyro.plate("data", num_data, subsample_size=y_batch.shape[0]):
+        z = numpyro.sample("z", dist.Normal(mu, 1))
+        numpyro.sample("y", dist.Normal(z, 1), obs=y_batch)
+
+
+def _minibatch_indexed(y, batch):
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    with numpyro.plate("data", y.shape[0], subsample_size=batch) as idx:
+        z = numpyro.sample("z", dist.Normal(mu, 1))
+        numpyro.sample("y", dist.Normal(z, 1), obs=y[idx])
+
+
+def test_per_data_point_q_on_data_that_ignore_the_plates_indices_warns():
+    """q_i is picked by the plate's indices: a model passed its minibatch (the indices
+    unused) would train q_i on other data points' data. An encoder, or data indexed by
+    the plate, are fine."""
+    y = jnp.asarray(np.random.default_rng(0).normal(size=50))
+
+    def setup_warnings(model, *args, **guide_kwargs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            handlers.seed(UHALocalGuide(model, K=2, **guide_kwargs), 0)(*args)
+        return [str(w.message) for w in caught if "whichever data points" in str(w.message)]
+
+    (message,) = setup_warnings(_minibatch_passed, y[:10], 50)
+    assert "observed site(s) ['y'] of the plate 'data'" in message
+    assert setup_warnings(_minibatch_indexed, y, 10) == []
+
+    def encoder(y_batch):
+        return jnp.zeros((y_batch.shape[0], 1)), jnp.ones((y_batch.shape[0], 1))
+
+    assert setup_warnings(_minibatch_passed, y[:10], 50, encoder=encoder) == []

@@ -9,7 +9,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import optax

@@ -526,10 +526,21 @@ class UHALocalGuide(AutoGuide):
 
         Every plate's indices are substituted (the first ones): NumPyro's own subsampling,
         run eagerly, compiles a new program at every call."""
-        with handlers.block():
-            trace = handlers.trace(
-                handlers.seed(handlers.substitute(self.model, substitute_fn=_first_indices), 0)
-            ).get_trace(*args, **kwargs)
+        try:
+            with handlers.block():
+                trace = handlers.trace(
+                    handlers.seed(handlers.substitute(self.model, substitute_fn=_first_indices), 0)
+                ).get_trace(*args, **kwargs)
+        except TypeError as error:
+            if args or kwargs:
+                raise
+            raise TypeError(
+                "UHALocalGuide: the model could not be run without arguments. Each data "
+                "point's chain targets p(x_i, z_i | globals), so the draw methods, median, "
+                "quantiles and log_z need the model's arguments (the data), as in "
+                "training: e.g. guide.sample_posterior(key, params, *model_args, "
+                f"sample_shape=...). The model said: {error}"
+            ) from error
         if self._plate_name not in trace:
             raise ValueError(
                 f"UHALocalGuide: the model no longer has the plate '{self._plate_name}'."

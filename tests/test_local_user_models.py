@@ -110,6 +110,14 @@ def test_clear_errors_for_bad_draw_arguments(fitted):
     with pytest.raises(ValueError, match=r"global_values\['mu'\] must have the site's shape \(\)"):
         guide.log_z(key, params, X, N, 6, num_samples=8, subsample_idx=jnp.arange(6),
                     global_values={"mu": jnp.zeros(3)})
+    # no model arguments (as AutoNormal's draw methods are often called): what to pass
+    for call in (
+        lambda: guide.sample_posterior(key, params, sample_shape=(2,)),
+        lambda: guide.median(params, num_samples=2),
+    ):
+        with pytest.raises(TypeError, match=r"could not be run without arguments.*need the "
+                           r"model's arguments.*The model said: .*missing"):
+            call()
 
 
 def test_predictive_without_the_data_says_how_to_draw_predictions():

@@ -2084,7 +2084,11 @@ def _flat_coordinates(oracle, loc, scale, rows) -> np.ndarray | None:
     """The coordinates along which the log density is constant: its gradient exactly
     zero there at q's mean and ``rows`` − 1 draws from q at ``FLAT_CHECK_WIDTH`` times its
     marginal sds (a bool mask; one call of the setup's model program, built on the host
-    so that nothing new is compiled). ``None`` where q is not finite."""
+    so that nothing new is compiled). ``None`` where q is not finite, or with fewer than
+    4 rows (a ``sample_batch_size`` under 4 bounds the scoring program's width): at q's
+    mean alone, a gradient could vanish by chance."""
+    if rows < 4:
+        return None
     loc, scale = np.asarray(loc), np.asarray(scale)
     if not (np.all(np.isfinite(loc)) and np.all(np.isfinite(scale))):
         return None

@@ -6,10 +6,30 @@ the suite's models are small, so compiling dominates its run time, and compiling
 backend optimizations is several times faster. It changes what the programs compute by
 floating-point rounding at most. A level the user set in ``XLA_FLAGS`` is kept. It must be
 set before JAX creates its CPU backend, which no test module has done when this runs.
+
+JAX's persistent compilation cache is on for the run, in a new empty folder shared by the
+xdist workers and every subprocess the tests start (docs examples, notebooks, benchmark
+smoke runs, the sharding workers), removed at the end: many tests compile the same
+programs (the same small models, the same warm start), and a program compiled once is
+read back instead of compiled again. Every run starts cold, so its time is what CI sees.
+The cached programs are the ones XLA compiled; no result depends on the cache. A cache
+folder the user set in ``JAX_COMPILATION_CACHE_DIR`` is kept (and not removed).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 _FLAG = "--xla_backend_optimization_level"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), f"{_FLAG}=0"]))
+
+# set in the controlling process before the xdist workers start, so they inherit it
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="numpyro-uha-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    # every program, however small or quick to compile (the defaults skip those)
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

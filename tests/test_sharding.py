@@ -26,8 +26,12 @@ RTOL, ATOL = 1e-5, 1e-5
 
 
 def _run(args, env_extra=None, timeout=240):
+    # the run's own XLA_FLAGS replaced (a forced device count would change the worker's
+    # configuration); backend optimizations off, as for the suite's other programs
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update({"JAX_PLATFORMS": "cpu", **(env_extra or {})})
+    env_extra = dict(env_extra or {})
+    flags = ["--xla_backend_optimization_level=0", env_extra.pop("XLA_FLAGS", "")]
+    env.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(filter(None, flags)), **env_extra})
     return subprocess.Popen(
         [sys.executable, str(WORKER), *map(str, args)], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

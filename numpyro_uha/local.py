@@ -594,16 +594,19 @@ class UHALocalGuide(AutoGuide):
         return guide
 
     def _initial_values(self, dtype):
+        # NumPy constants: concrete even when the setup runs under jax.jit(svi.init)
+        # (JAX's constructors would give values of that trace, unusable after it)
         d, K = self.latent_dim, self.K
+        dtype = np.dtype(dtype)
         shared = {
-            "step_size": jnp.asarray(self.init_step_size, dtype),
-            "step_size_slope": jnp.zeros((), dtype),
-            "damping": jnp.asarray(self.init_damping, dtype),
-            "momentum_scale": jnp.ones(d, dtype),
-            "beta_logits": jnp.zeros(K + 1, dtype),
-            "bridge_loc_slope": jnp.zeros(d, dtype),
-            "bridge_log_scale_slope": jnp.zeros(d, dtype),
-            "drift_scale": jnp.ones(d, dtype),
+            "step_size": np.asarray(self.init_step_size, dtype),
+            "step_size_slope": np.zeros((), dtype),
+            "damping": np.asarray(self.init_damping, dtype),
+            "momentum_scale": np.ones(d, dtype),
+            "beta_logits": np.zeros(K + 1, dtype),
+            "bridge_loc_slope": np.zeros(d, dtype),
+            "bridge_log_scale_slope": np.zeros(d, dtype),
+            "drift_scale": np.ones(d, dtype),
         }
         return shared
 
@@ -904,11 +907,14 @@ class UHALocalGuide(AutoGuide):
         subsample_size = idx.shape[0]
         d = self.latent_dim
         if self.encoder is None:
+            # lazy initial values: under jax.jit(svi.init) the setup's start is a value
+            # of that trace, usable only while it runs (where the parameters are created)
             loc = self._row_param(
-                "loc", jnp.broadcast_to(self._init_loc_row, (size, d)), constraints.real, idx
+                "loc", lambda _: jnp.broadcast_to(self._init_loc_row, (size, d)),
+                constraints.real, idx,
             )
             scale = self._row_param(
-                "scale", jnp.full((size, d), self.init_scale, self._init_loc_row.dtype),
+                "scale", lambda _: jnp.full((size, d), self.init_scale, self._init_loc_row.dtype),
                 constraints.softplus_positive, idx,
             )
             return loc, scale

@@ -9,6 +9,11 @@ draw i comes from key i of the split, whatever the count, as in one program unde
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from numpyro.infer import SVI, Trace_ELBO
 
 from numpyro_uha import UHALocalGuide, local
 from test_compile_once import CountCompiles
@@ -72,3 +77,44 @@ def test_draw_i_is_key_is_draw_whatever_the_width_and_under_jit(monkeypatch):
     chunked = _draw(guide, params, (100,))
     for name in ("z", "mu"):
         np.testing.assert_allclose(chunked[name], few[name], rtol=1e-5, atol=1e-6)
+
+
+def _encoder_fn(x):
+    """A fixed (parameter-free) encoder: q_i centred at its data point."""
+    x = jnp.reshape(x, (-1, 1))
+    return x, jnp.full_like(x, 0.5)
+
+
+def _positive_local(y):
+    with numpyro.plate("data", y.shape[0]):
+        rate = numpyro.sample("rate", dist.Gamma(2.0, 1.0))
+        numpyro.sample("y", dist.Poisson(rate), obs=y)
+
+
+@pytest.mark.parametrize(
+    "model, arrays, static, options",
+    [
+        (conjugate_model, (X,), (N, B), {}),  # a global and a minibatch
+        (conjugate_model, (X,), (N, B), {"per_data_point": True, "precondition": True}),
+        (conjugate_model, (X,), (N, B), {"encoder": _encoder_fn}),
+        (_positive_local, (jnp.arange(6.0),), (), {}),  # no global, a constrained local
+    ],
+    ids=["minibatch", "per-data-point", "encoder", "no-global"],
+)
+def test_svi_init_under_jit_is_the_eager_init(model, arrays, static, options):
+    """``jax.jit(svi.init)``, as NumPyro's users write it (sizes closed over): the
+    guide's setup runs on traced data; the state is the eager one's and the jitted
+    training step runs from it."""
+    guide = UHALocalGuide(model, K=2, **options)
+    svi = SVI(model, guide, optax.adam(1e-2), Trace_ELBO())
+    key = jax.random.PRNGKey(0)
+    traced = jax.jit(lambda k, *a: svi.init(k, *a, *static))(key, *arrays)
+    eager_guide = UHALocalGuide(model, K=2, **options)
+    eager_svi = SVI(model, eager_guide, optax.adam(1e-2), Trace_ELBO())
+    eager = eager_svi.init(key, *arrays, *static)
+    got, want = svi.get_params(traced), eager_svi.get_params(eager)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6, err_msg=name)
+    _, loss = jax.jit(lambda st, *a: svi.update(st, *a, *static))(traced, *arrays)
+    np.testing.assert_allclose(loss, eager_svi.evaluate(eager, *arrays, *static), rtol=1e-5)

@@ -142,7 +142,9 @@ class DivergenceRecord:
             if self.params is None:
                 self.fraction = float(np.max(np.asarray(fraction)))
                 self.step_size = float(np.asarray(step_size).ravel()[0])
-                self.params = {name: np.asarray(value) for name, value in params.items()}
+                self.params = {
+                    name: jax.tree.map(np.asarray, value) for name, value in params.items()
+                }
 
     def _detail(self):
         if self.params is None:

@@ -1458,9 +1458,11 @@ class UHAGuide(AutoContinuous):
             # traced. One device_get: the copies to the host overlap (one wait, not one
             # per param).
             host = jax.device_get(params)
+            # a parameter may be a pytree (random_flax_module's "<name>$params" is the
+            # network's parameter dict)
             bad = sorted(
                 name for name, value in host.items()
-                if not np.all(np.isfinite(np.asarray(value)))
+                if not all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree.leaves(value))
             )
             self._checked_params.put(params, bad)
         if bad:

@@ -11,6 +11,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import optax
+import pytest
 from jax.scipy.stats import multivariate_normal
 from numpyro import handlers
 from numpyro.contrib.control_flow import scan
@@ -196,3 +197,31 @@ def test_an_unhashable_model_argument_trains():
     result = svi.run(jax.random.PRNGKey(0), 3, y, _Options(1.0), progress_bar=False)
     assert np.all(np.isfinite(np.asarray(result.losses)))
     assert guide._start_elbo is not None
+
+
+def _pytree_param_model(y):
+    # random_flax_module / flax_module keep a network's parameters as one param site
+    # holding a dict ("<name>$params")
+    net = numpyro.param("net$params", {"w": jnp.ones(2), "b": jnp.zeros(())})
+    mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+    numpyro.sample("y", dist.Normal(mu + jnp.sum(net["w"]) + net["b"], 1.0), obs=y)
+
+
+def test_a_pytree_valued_model_param_trains_draws_and_is_checked_for_nan():
+    from numpyro_uha._divergence import DivergenceRecord
+
+    guide = UHAGuide(_pytree_param_model, K=2, warm_start_steps=10)
+    result = fit(_pytree_param_model, guide, Y, steps=20)
+    params = result.params
+    assert set(params["net$params"]) == {"w", "b"}
+    draws = guide.sample_posterior(jax.random.PRNGKey(1), params, Y, sample_shape=(50,))
+    assert draws["mu"].shape == (50,) and np.all(np.isfinite(draws["mu"]))
+    bad = {**params, "net$params": {**params["net$params"], "w": jnp.array([1.0, jnp.nan])}}
+    with pytest.raises(FloatingPointError, match=r"net\$params"):
+        guide.sample_posterior(jax.random.PRNGKey(1), bad, Y, sample_shape=(50,))
+    # the last finite fit of a diverging step keeps the pytree (host copies of its leaves)
+    record = DivergenceRecord()
+    record.record(0.5, 0.1, params)
+    kept = record.params["net$params"]
+    assert isinstance(kept, dict) and isinstance(kept["w"], np.ndarray)
+    np.testing.assert_array_equal(kept["w"], params["net$params"]["w"])

@@ -48,6 +48,7 @@ from numpyro_uha._divergence import (
     finite_guard,
     gate,
 )
+from numpyro_uha._keywords import check_model_keywords
 from numpyro_uha._precondition import (
     StandardizedCholesky,
     StandardizedPositive,
@@ -1888,6 +1889,7 @@ class UHAGuide(AutoContinuous):
         draws, when the weights are heavy-tailed (Pareto k̂ ≥ 0.7) or the ELBO's standard
         error exceeds 1 nat: the draws may then be off, so check them against NUTS.
         """
+        check_model_keywords(self._user_model, kwargs, self.sample_posterior)
         return self._draws(
             rng_key, params, args, kwargs, sample_shape, with_info=False, nonfinite=nonfinite,
             warn_as="sample_posterior",
@@ -1905,6 +1907,7 @@ class UHAGuide(AutoContinuous):
         :func:`~numpyro_uha.evaluation.log_z_from_weights` counts a diverged draw as a
         zero weight, whereas dropping it would leave it out of the mean.
         """
+        check_model_keywords(self._user_model, kwargs, self.sample_posterior_with_log_weights)
         return self._draws(
             rng_key, params, args, kwargs, sample_shape, nonfinite=nonfinite,
             warn_as="sample_posterior_with_log_weights",
@@ -2049,6 +2052,7 @@ class UHAGuide(AutoContinuous):
         latent medians, which agrees for a monotone function of one latent). With no
         model arguments given, the arguments of the guide's first call are used.
         """
+        check_model_keywords(self._user_model, kwargs, self.median)
         return {
             name: jnp.median(value, axis=0)
             for name, value in self._mc_draws(params, args, kwargs, num_samples, rng_key).items()
@@ -2061,6 +2065,7 @@ class UHAGuide(AutoContinuous):
         :meth:`median` for how the draws and arguments are chosen and how deterministic
         sites are treated.
         """
+        check_model_keywords(self._user_model, kwargs, self.quantiles)
         q = jnp.asarray(quantiles)
         return {
             name: jnp.quantile(value, q, axis=0)

@@ -47,6 +47,7 @@ from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_median
 import numpyro.distributions as dist
 
+from numpyro_uha._keywords import check_model_keywords
 from numpyro_uha.core import (
     AnnealingParams,
     betas_from_logits,
@@ -1112,6 +1113,7 @@ class UHALocalGuide(AutoGuide):
         VAEs are written: the plate's indices then change nothing, which is checked on
         the arguments (it cannot be where they are traced, inside a jitted function).
         """
+        check_model_keywords(self.model, kwargs, self.sample_posterior)
         draws, _, flags = self._draws(
             rng_key, params, args, kwargs, sample_shape, subsample_idx, with_diverged=True
         )
@@ -1146,6 +1148,7 @@ class UHALocalGuide(AutoGuide):
         (seeded with ``rng_key``, default ``PRNGKey(0)``), elementwise and unweighted.
         Unlike NumPyro's ``AutoGuide.median(params)``, it needs the model's arguments:
         each data point's chain targets p(x_i, z_i)."""
+        check_model_keywords(self.model, kwargs, self.median)
         draws = self._mc_draws(params, args, kwargs, num_samples, rng_key, subsample_idx)
         return {name: jnp.median(value, axis=0) for name, value in draws.items()}
 
@@ -1155,6 +1158,7 @@ class UHALocalGuide(AutoGuide):
     ):
         """Monte Carlo quantiles of every latent site, as :meth:`median`: per site, an
         array with a leading dimension of ``len(quantiles)``."""
+        check_model_keywords(self.model, kwargs, self.quantiles)
         q = jnp.asarray(quantiles)
         draws = self._mc_draws(params, args, kwargs, num_samples, rng_key, subsample_idx)
         return {name: jnp.quantile(value, q, axis=0) for name, value in draws.items()}
@@ -1175,6 +1179,7 @@ class UHALocalGuide(AutoGuide):
         AIS with ``corrected=True``), each data point's chain given the draw's globals,
         or given ``global_values`` (constrained values of every global latent site, by
         name) where passed: then E[w_i] = p(x_i | globals)."""
+        check_model_keywords(self.model, kwargs, self.log_weights)
         _check_int("num_samples", num_samples, 1)
         _, log_w = self._draws(
             rng_key, params, args, kwargs, (num_samples,), subsample_idx, corrected=corrected,
@@ -1199,6 +1204,7 @@ class UHALocalGuide(AutoGuide):
         """
         from numpyro_uha.evaluation.logz import log_z_from_weights
 
+        check_model_keywords(self.model, kwargs, self.log_z)
         _check_int("num_samples", num_samples, 2)  # a mean and its standard error
         if self._global_latents and global_values is None:
             raise ValueError(

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from numpyro import handlers
 
+from numpyro_uha._keywords import check_model_keywords, model_of
 from numpyro_uha._weights import (  # noqa: F401 -- the public ones re-exported
     ELBO_SE_BAD,
     KHAT_BAD,
@@ -208,6 +209,7 @@ def to_inference_data(
         FloatingPointError: if a log weight is +inf, more than 10 % of the draws
             diverged, or every weight is zero.
     """
+    check_model_keywords(model_of(guide), kwargs, to_inference_data)
     import arviz as az
 
     num_chains = _check_positive_int("num_chains", num_chains)

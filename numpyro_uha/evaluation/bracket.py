@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_uha._keywords import check_model_keywords, model_of
 from numpyro_uha.evaluation.arviz import _check_positive_int
 
 __all__ = ["LogZBracket", "log_z_bracket", "log_z_bracket_from_draws"]
@@ -274,6 +275,7 @@ def log_z_bracket(
         print(log_z_bracket(guide, random.PRNGKey(3), params, mcmc.get_samples(),
                             *model_args, num_chains=4))
     """
+    check_model_keywords(model_of(guide), kwargs, log_z_bracket)
     from numpyro_uha.evaluation.estimators import (
         _guide_positions,
         _guide_program,

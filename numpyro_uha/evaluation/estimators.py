@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_uha._keywords import check_model_keywords, model_of
 from numpyro_uha.core import (
     AnnealingParams,
     annealed_sample,
@@ -638,8 +639,10 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
     from numpyro_uha.local import UHALocalGuide
 
     if isinstance(guide, UHALocalGuide):
-        # per data point (and summed): subsample_idx= picks the data points
+        # per data point (and summed): subsample_idx= picks the data points (its own
+        # options and the model's keywords are checked there)
         return guide.log_z(rng_key, params, *args, num_samples=num_draws, **kwargs)
+    check_model_keywords(model_of(guide), kwargs, log_z)
     if not isinstance(guide, UHAGuide):
         return _autoguide_log_z(
             guide, rng_key, params, *args, num_draws=num_draws,
@@ -675,6 +678,7 @@ def hais(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int |
     second call, or one with another ``num_draws`` at an already used chunk width, does
     not recompile.
     """
+    check_model_keywords(model_of(guide), kwargs, hais)
     _check_guide(guide)
     num_draws = _check_num_draws(num_draws)
     draws = guide._draws(
@@ -716,6 +720,7 @@ def sandwich(
     shapes, or one with other numbers of draws at already used widths, does not
     recompile them.
     """
+    check_model_keywords(model_of(guide), kwargs, sandwich)
     positions, arrays, spec = _guide_positions(guide, params, posterior_samples, args, kwargs)
     num_reverse = _check_num_draws(positions.shape[0])
     if not np.all(np.isfinite(positions)):

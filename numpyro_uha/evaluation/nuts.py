@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from numpyro import handlers
 
+from numpyro_uha._keywords import check_model_keywords, model_of
 from numpyro_uha._weights import _check_log_weights
 from numpyro_uha.evaluation.arviz import _check_positive_int
 
@@ -141,6 +142,7 @@ def compare_with_nuts(
             into ``num_chains`` chains; or if a count is not a positive integer.
         FloatingPointError: if a UHA log weight is NaN or +inf.
     """
+    check_model_keywords(model_of(guide), kwargs, compare_with_nuts)
     import pandas as pd
     from numpyro.diagnostics import effective_sample_size
 

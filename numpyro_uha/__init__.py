@@ -11,6 +11,7 @@ from numpyro_uha.guide import (
     UHAFitWarning,
     UHAGuide,
     UHAImproperPosteriorWarning,
+    UHASupportWarning,
     UHANonfiniteDrawsWarning,
     WeightedDraws,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "UHAFitWarning",
     "UHAGuide",
     "UHAImproperPosteriorWarning",
+    "UHASupportWarning",
     "UHANonfiniteDrawsWarning",
     "WeightedDraws",
     "load_fit",

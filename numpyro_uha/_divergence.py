@@ -95,6 +95,19 @@ class UHAImproperPosteriorWarning(UHAFitWarning):
     else depends on."""
 
 
+class UHASupportWarning(UHAFitWarning):
+    """The model's log density is −inf at points near q (found at setup, at q's mean and
+    at draws from q) although every latent site's value there is inside its declared
+    support: some site (usually the likelihood) rules those points out, so the
+    posterior's support is narrower than the latent sites declare. Observations
+    ``y ~ Uniform(0, theta)`` bound ``theta`` below by ``max(y)``, for example. A
+    Gaussian q (this guide's start, like ``AutoNormal``'s) puts mass there, so the
+    chains that reach it diverge, and plain VI's ELBO is −inf. Declare the bound in the
+    model, so that every unconstrained value is possible: e.g.
+    ``theta = y.max() + numpyro.sample("excess", dist.HalfNormal(...))``, or a prior
+    whose support starts there."""
+
+
 class UHADivergenceError(FloatingPointError):
     """Training (or a draw) produced a non-finite UHA log weight.
 
@@ -168,11 +181,15 @@ class DivergenceRecord:
             "learning rate or max_step_size."
         )
 
-    def error(self, what: str) -> UHADivergenceError:
-        """The error for a fit whose draws diverge (``what`` says how many)."""
+    def error(self, what: str, cause: str | None = None) -> UHADivergenceError:
+        """The error for a fit whose draws diverge (``what`` says how many); ``cause``,
+        where the guide knows one that no step size fixes, replaces the advice."""
+        detail = self._detail() if self.count else ""
+        if cause is not None:
+            return UHADivergenceError(f"UHAGuide: {what}. {cause} {detail}", params=self.params)
         return UHADivergenceError(
             f"UHAGuide: {what}: the Hamiltonian dynamics diverge at these parameters. "
-            f"{self._detail() if self.count else ''} What to change: a smaller learning "
+            f"{detail} What to change: a smaller learning "
             "rate, a smaller max_step_size (the leapfrog step ε is capped by it); then "
             "resume from the first diverging step's parameters with "
             "svi.run(..., init_params=err.params) where they exist.",

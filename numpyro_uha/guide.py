@@ -42,6 +42,7 @@ from numpyro_uha._divergence import (
     UHADivergenceWarning,
     UHAFitWarning,
     UHAImproperPosteriorWarning,
+    UHASupportWarning,
     UHANonfiniteDrawsWarning,
     check_latch,
     diverged,
@@ -107,6 +108,7 @@ __all__ = [
     "UHADivergenceWarning",
     "UHAFitWarning",
     "UHAImproperPosteriorWarning",
+    "UHASupportWarning",
     "UHANonfiniteDrawsWarning",
 ]
 
@@ -506,6 +508,7 @@ class UHAGuide(AutoContinuous):
     def _setup_prototype(self, *args, **kwargs):
         self._setup_coordinates(args, kwargs)
         self._warn_if_flat()
+        self._warn_if_ruled_out()
 
     def _setup_coordinates(self, args, kwargs):
         """The setup, in the coordinates ``decenter`` resolves to."""
@@ -546,7 +549,7 @@ class UHAGuide(AutoContinuous):
 
     def _setup_in(self, decenter, precompiling, args, kwargs):
         """The setup in given coordinates: ``decenter`` names the non-centered sites."""
-        self._flat_mask = None
+        self._flat_mask = self._ruled_out = None
         # NumPyro's initial point: in non-centered coordinates, the one init_loc_fn gives
         # the model as written (see _decenter.decentered_init)
         self.init_loc_fn = self._user_init_loc_fn
@@ -791,12 +794,78 @@ class UHAGuide(AutoContinuous):
         out = self._setup_numerics(kind, oracle, rng_key, loc, scale, self.base_dist == "cholesky")
         if oracle.compiled:
             q = (out[0].loc, out[0].scale) if kind == "warm_start" else (loc, scale)
-            self._flat_mask = _flat_coordinates(oracle, *q, width)
+            self._flat_mask, ruled_out = _probe_near_q(oracle, *q, width)
+            if ruled_out is not None:
+                points, at_mean = ruled_out
+                args, kwargs = _merge_static(arrays, spec)
+                self._ruled_out = (
+                    points.shape[0], width, at_mean,
+                    self._sites_ruling_out(points[0], args, kwargs, model_params),
+                )
         return out
+
+    def _sites_ruling_out(self, latent, args, kwargs, model_params):
+        """The model's sites whose log density is −inf at the unconstrained ``latent``
+        (one point; a model run op by op, only where such a point was found)."""
+        unconstrained = self._unpack_latent(jnp.asarray(latent))
+
+        def constrained(site):
+            if site["type"] == "sample" and site["name"] in unconstrained:
+                return biject_to(site["fn"].support)(unconstrained[site["name"]])
+            return None
+
+        try:
+            with handlers.block(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # NumPyro's out-of-support warnings
+                model = handlers.seed(self._conditioned_model(model_params), rng_seed=0)
+                trace = handlers.trace(
+                    handlers.substitute(model, substitute_fn=constrained)
+                ).get_trace(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - a diagnosis only: no names rather than a failure
+            return []
+        names = []
+        for name, site in trace.items():
+            if site["type"] != "sample":
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                log_prob = np.asarray(site["fn"].log_prob(site["value"]))
+            if site.get("mask") is not None:
+                log_prob = np.where(np.asarray(site["mask"]), log_prob, 0.0)
+            if np.any(log_prob == -np.inf):
+                names.append(self._model_site(name))
+        return names
+
+    def _warn_if_ruled_out(self):
+        """Warn (:class:`~numpyro_uha.UHASupportWarning`) where the setup found points
+        near q at which the log density is −inf (:func:`_probe_near_q`)."""
+        found = getattr(self, "_ruled_out", None)
+        if found is None:
+            return
+        count, total, at_mean, sites = found
+        by = f"site(s) {sites} rule them out" if sites else "some site rules them out"
+        mean = (
+            " q's mean is one of them: the warm start ended outside the posterior's "
+            "support, and training from there diverges."
+            if at_mean else ""
+        )
+        warnings.warn(
+            f"UHAGuide: the model's log density is -inf at {count} of {total} points near "
+            f"q (its mean and draws at {FLAT_CHECK_WIDTH:g} sds) although every latent "
+            f"site's value there is inside its support: {by}, so the posterior's support "
+            "is narrower than the latent sites declare (observations y ~ Uniform(0, theta) "
+            f"bound theta below by max(y), for example).{mean} A Gaussian q puts mass there "
+            "and the chains that reach it diverge. Declare the bound in the model, so that "
+            "every unconstrained value is possible: e.g. theta = y.max() + "
+            "numpyro.sample('excess', dist.HalfNormal(...)), or a prior whose support "
+            "starts there.",
+            UHASupportWarning,
+            stacklevel=2,
+        )
 
     def _warn_if_flat(self):
         """Warn (:class:`~numpyro_uha.UHAImproperPosteriorWarning`) where the setup found
-        coordinates the log density does not depend on (:func:`_flat_coordinates`),
+        coordinates the log density does not depend on (:func:`_probe_near_q`),
         naming their sites and positions."""
         mask = getattr(self, "_flat_mask", None)
         if mask is None or not mask.any():
@@ -1823,12 +1892,25 @@ class UHAGuide(AutoContinuous):
             "Train with a smaller learning rate or max_step_size (the learned step sizes "
             "are too large for some regions the draws reach)."
         )
+        cause = None
+        if getattr(self, "_ruled_out", None) is not None:
+            # the setup's UHASupportWarning: no step size fixes that
+            sites = self._ruled_out[3]
+            cause = (
+                "The setup found points near q, inside every latent site's support, where "
+                f"the model's log density is -inf ({'site(s) ' + str(sites) if sites else 'a site'} "
+                "ruling them out: UHASupportWarning), so the posterior's support is "
+                "narrower than the latent sites declare, and chains that reach those points "
+                "diverge whatever the step size. Declare the bound in the model, so that "
+                "every unconstrained value is possible."
+            )
+            advice = cause
         if nonfinite == "raise":
-            raise self._divergence.error(what)
+            raise self._divergence.error(what, cause)
         if bad > MAX_NONFINITE_FRACTION * num_draws:
             raise self._divergence.error(
                 f"{what}: more than {MAX_NONFINITE_FRACTION * 100:g} %, so the approximation "
-                "is unusable and the draws are not dropped"
+                "is unusable and the draws are not dropped", cause,
             )
         if len(sample_shape) != 1:
             raise ValueError(
@@ -2083,27 +2165,38 @@ class UHAGuide(AutoContinuous):
         return dict(samples)
 
 
-#: q's sds at which :func:`_flat_coordinates` looks (the mean, and draws this far out)
+#: q's sds at which :func:`_probe_near_q` looks (the mean, and draws this far out)
 FLAT_CHECK_WIDTH = 2.0
 
 
-def _flat_coordinates(oracle, loc, scale, rows) -> np.ndarray | None:
-    """The coordinates along which the log density is constant: its gradient exactly
-    zero there at q's mean and ``rows`` − 1 draws from q at ``FLAT_CHECK_WIDTH`` times its
-    marginal sds (a bool mask; one call of the setup's model program, built on the host
-    so that nothing new is compiled). ``None`` where q is not finite, or with fewer than
-    4 rows (a ``sample_batch_size`` under 4 bounds the scoring program's width): at q's
-    mean alone, a gradient could vanish by chance."""
-    if rows < 4:
-        return None
+def _probe_near_q(oracle, loc, scale, rows):
+    """The log density near q: at q's mean and ``rows`` − 1 draws from q at
+    ``FLAT_CHECK_WIDTH`` times its marginal sds (one call of the setup's model program,
+    the points built on the host so that nothing new is compiled). Returns
+    ``(flat, ruled_out)``:
+
+    - ``flat``: the coordinates along which the log density is constant, its gradient
+      exactly zero there at every point where it is finite (a bool mask); ``None`` with
+      fewer than 4 such points (a ``sample_batch_size`` under 4 bounds the scoring
+      program's width; at q's mean alone, a gradient could vanish by chance).
+    - ``ruled_out``: the points (rows, unconstrained) where it is −inf, q's mean first
+      if it is one of them, and whether it is; ``None`` where there are none.
+
+    Both ``None`` where q is not finite."""
     loc, scale = np.asarray(loc), np.asarray(scale)
-    if not (np.all(np.isfinite(loc)) and np.all(np.isfinite(scale))):
-        return None
+    if rows < 4 or not (np.all(np.isfinite(loc)) and np.all(np.isfinite(scale))):
+        return None, None
     s = np.sqrt(np.sum(scale**2, axis=-1)) if scale.ndim == 2 else np.broadcast_to(scale, loc.shape)
     noise = np.random.default_rng(0).standard_normal((rows - 1, loc.shape[-1]))
     points = np.concatenate([loc[None], loc + FLAT_CHECK_WIDTH * s * noise]).astype(loc.dtype)
-    _, grads = oracle.value_and_grad(points)
-    return np.all(np.asarray(grads) == 0, axis=0)
+    values, grads = oracle.value_and_grad(points)
+    values, grads = np.asarray(values), np.asarray(grads)
+    finite = np.isfinite(values)
+    # where the density is -inf its gradient is often exactly zero too: not flatness
+    flat = np.all(grads[finite] == 0, axis=0) if finite.sum() >= 4 else None
+    minus_inf = values == -np.inf
+    ruled_out = (points[minus_inf], bool(minus_inf[0])) if minus_inf.any() else None
+    return flat, ruled_out
 
 
 def _marginal_std(scale):

@@ -42,7 +42,9 @@ def run_notebook(name: str, tmp_path: Path) -> None:
         "XLA_FLAGS": " ".join(
             filter(None, [os.environ.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"])
         ),
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
+        # the suite's cache (tests/conftest.py) where it has one
+        "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        or str(tmp_path / "jax-cache"),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
     }

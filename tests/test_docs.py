@@ -205,7 +205,9 @@ class PageRunner:
     """
 
     def __init__(self, workdir: Path, pages: list[Path], num_kernels: int, prefetch: bool):
-        cache_dir = workdir / "jax-cache"
+        # the suite's cache (tests/conftest.py) where it has one: programs the tests
+        # compiled before are read back
+        cache_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR") or workdir / "jax-cache"
         self.kernels = [Kernel(workdir / f"kernel-{i}", cache_dir) for i in range(num_kernels)]
         groups: dict[str, list[Path]] = {}
         for page in pages:

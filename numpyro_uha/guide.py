@@ -515,6 +515,18 @@ class UHAGuide(AutoContinuous):
         self.model = self._user_model
         dim = self._validate_model(args, kwargs)
         precompiling = None if _is_tracer((args, kwargs)) else self._precompile_setup(dim)
+        try:
+            return self._setup_resolved(precompiling, args, kwargs)
+        except BaseException:
+            # a setup that fails (a model with no valid start, a bad argument) waits for
+            # the compiling thread: a process exiting while XLA compiles in it aborts
+            if precompiling is not None:
+                precompiling.join()
+            raise
+
+    def _setup_resolved(self, precompiling, args, kwargs):
+        """:meth:`_setup_coordinates` once the model-free steps compile in the
+        background: the coordinates ``decenter`` resolves to, and the setup in them."""
         decenter = self._resolve_decenter(args, kwargs)
         if not (
             decenter and self.requested_decenter == "auto" and self.warm_start_steps > 0
@@ -1130,11 +1142,23 @@ class UHAGuide(AutoContinuous):
             if site["type"] == "sample"
             and not bool(jnp.all(jnp.isfinite(site["fn"].log_prob(site["value"]))))
         ]
+        observed = [  # data, not numpyro.factor terms (observed Unit sites)
+            n for n in bad
+            if model_trace[n].get("is_observed") and not isinstance(model_trace[n]["fn"], dist.Unit)
+        ]
+        bound = (
+            " Only observed sites are: if the data rule out part of a latent site's "
+            "declared support (observations y ~ Uniform(0, theta) rule out theta below "
+            "max(y)), declare that bound in the model (e.g. theta = y.max() + a positive "
+            "excess); an init_loc_fn=init_to_value(...) inside it starts the guide, but a "
+            "Gaussian q still reaches past it (UHASupportWarning)."
+            if observed and observed == bad else ""
+        )
         return (
             "UHAGuide: the model's log density (or its gradient) is not finite at any "
             f"initial point tried by init_loc_fn; sites with a non-finite log probability at "
             f"such a point: {bad or 'none found (check factors and gradients)'}. Choose "
-            "another init_loc_fn (e.g. init_to_median) or fix the model."
+            f"another init_loc_fn (e.g. init_to_median) or fix the model.{bound}"
         )
 
     # ----------------------------------------------------------- log density

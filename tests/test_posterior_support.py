@@ -6,7 +6,11 @@ step size: the warning names the site that rules the points out, and the draws' 
 says so instead of advising a smaller step. Such a region's zero gradient is not taken
 for an improper (flat) direction."""
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -105,3 +109,48 @@ def test_a_q_wholly_outside_the_support_is_said_so_and_not_called_flat():
     support = [str(w.message) for w in caught if w.category is UHASupportWarning]
     assert len(support) == 1 and "q's mean is one of them" in support[0], support
     assert not [w for w in caught if w.category is UHAImproperPosteriorWarning]
+
+
+def _factor_nowhere_finite(y):
+    numpyro.sample("theta", dist.HalfNormal(1.0))
+    numpyro.factor("never", -jnp.inf)
+
+
+def test_no_valid_start_from_the_data_alone_says_to_declare_the_bound():
+    """NumPyro's initialization finds no point (theta drawn below max(y)): the error
+    names the observed site and the bound; a factor that is -inf everywhere does not
+    get that advice."""
+    with pytest.raises(ValueError, match=r"\['y'\].*declare that bound in the model"):
+        _setup(serial_numbers)
+    with pytest.raises(ValueError, match=r"\['never'\]") as err:
+        _setup(_factor_nowhere_finite)
+    assert "declare that bound" not in str(err.value)
+
+
+def test_a_failed_setup_lets_the_process_exit_cleanly():
+    """The setup compiles model-free steps in a background thread; a setup that fails
+    waits for it, so a script that catches the error exits normally (a process exiting
+    while XLA compiles in a thread aborts: 'terminate called ...')."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "import jax, optax\n"
+        "from numpyro.infer import SVI, Trace_ELBO\n"
+        "from numpyro_uha import UHAGuide\n"
+        "from test_posterior_support import Y, serial_numbers\n"
+        "guide = UHAGuide(serial_numbers, K=2)\n"
+        "try:\n"
+        "    SVI(serial_numbers, guide, optax.adam(1e-3), Trace_ELBO()).init(\n"
+        "        jax.random.PRNGKey(0), Y)\n"
+        "except ValueError:\n"
+        "    print('caught')\n"
+    )
+    # without the suite's compilation cache: the thread must still be compiling when
+    # the setup fails, as in a user's fresh process
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent)], env=env,
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "caught", proc.stderr[-2000:]
+    assert "terminate called" not in proc.stderr

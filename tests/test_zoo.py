@@ -3,7 +3,6 @@ cached NUTS references (no NUTS runs here)."""
 
 import json
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp

@@ -57,8 +57,9 @@ def check_model_keywords(model, kwargs, fn):
     unknown = [k for k in kwargs if k not in model_names]
     if not unknown:
         return
-    options = [n for n in _named(fn)[0] if n not in ("self", "guide", "rng_key", "params")]
-    options += ["rng_key"] if "rng_key" in _named(fn)[0] else []
+    fn_names = _named(fn)[0]
+    options = [n for n in fn_names if n not in ("self", "guide", "rng_key", "params")]
+    options += ["rng_key"] if "rng_key" in fn_names else []
     where = getattr(fn, "__qualname__", getattr(fn, "__name__", "the function"))
     model_name = getattr(model, "__name__", type(model).__name__)
     name = unknown[0]

@@ -810,29 +810,37 @@ class UHAGuide(AutoContinuous):
             if ruled_out is not None:
                 points, at_mean = ruled_out
                 args, kwargs = _merge_static(arrays, spec)
-                self._ruled_out = (
+                self._ruled_out = _RuledOut(
                     points.shape[0], width, at_mean,
                     self._sites_ruling_out(points[0], args, kwargs, model_params),
                 )
         return out
 
-    def _sites_ruling_out(self, latent, args, kwargs, model_params):
-        """The model's sites whose log density is −inf at the unconstrained ``latent``
-        (one point; a model run op by op, only where such a point was found)."""
-        unconstrained = self._unpack_latent(jnp.asarray(latent))
+    def _model_trace_at(self, unconstrained, model_params, args, kwargs):
+        """The model's trace with each latent site at its ``unconstrained`` value (by
+        the guide's site name), mapped by the site's support as the model draws it (a
+        support that depends on another latent included)."""
 
         def constrained(site):
             if site["type"] == "sample" and site["name"] in unconstrained:
                 return biject_to(site["fn"].support)(unconstrained[site["name"]])
             return None
 
+        with handlers.block():
+            model = handlers.seed(self._conditioned_model(model_params), rng_seed=0)
+            return handlers.trace(
+                handlers.substitute(model, substitute_fn=constrained)
+            ).get_trace(*args, **kwargs)
+
+    def _sites_ruling_out(self, latent, args, kwargs, model_params):
+        """The model's sites whose log density is −inf at the unconstrained ``latent``
+        (one point; a model run op by op, only where such a point was found)."""
         try:
-            with handlers.block(), warnings.catch_warnings():
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # NumPyro's out-of-support warnings
-                model = handlers.seed(self._conditioned_model(model_params), rng_seed=0)
-                trace = handlers.trace(
-                    handlers.substitute(model, substitute_fn=constrained)
-                ).get_trace(*args, **kwargs)
+                trace = self._model_trace_at(
+                    self._unpack_latent(jnp.asarray(latent)), model_params, args, kwargs
+                )
         except Exception:  # noqa: BLE001 - a diagnosis only: no names rather than a failure
             return []
         names = []
@@ -1509,17 +1517,7 @@ class UHAGuide(AutoContinuous):
         model_trace = None
         if self.decentered_sites:
             args, kwargs = _merge_static(arrays, spec)
-
-            def constrained(site):
-                if site["type"] == "sample" and site["name"] in unconstrained:
-                    return biject_to(site["fn"].support)(unconstrained[site["name"]])
-                return None
-
-            with handlers.block():
-                model = handlers.seed(self._conditioned_model(model_params), rng_seed=0)
-                model_trace = handlers.trace(
-                    handlers.substitute(model, substitute_fn=constrained)
-                ).get_trace(*args, **kwargs)
+            model_trace = self._model_trace_at(unconstrained, model_params, args, kwargs)
         emitted = {}
         for name, unconstrained_value in unconstrained.items():
             original = self._model_site(name)
@@ -1919,7 +1917,7 @@ class UHAGuide(AutoContinuous):
         cause = None
         if getattr(self, "_ruled_out", None) is not None:
             # the setup's UHASupportWarning: no step size fixes that
-            sites = self._ruled_out[3]
+            sites = self._ruled_out.sites
             cause = (
                 "The setup found points near q, inside every latent site's support, where "
                 f"the model's log density is -inf ({'site(s) ' + str(sites) if sites else 'a site'} "
@@ -2187,6 +2185,16 @@ class UHAGuide(AutoContinuous):
         # Every latent and deterministic site (all that sample_posterior returns), as
         # AutoNormal's median and quantiles do.
         return dict(samples)
+
+
+class _RuledOut(NamedTuple):
+    """What the setup's probe found where the log density is −inf near q: ``count`` of
+    its ``total`` points, whether q's mean is one, and the sites that rule them out."""
+
+    count: int
+    total: int
+    at_mean: bool
+    sites: list
 
 
 #: q's sds at which :func:`_probe_near_q` looks (the mean, and draws this far out)

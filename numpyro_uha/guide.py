@@ -50,6 +50,12 @@ from numpyro_uha._divergence import (
     gate,
 )
 from numpyro_uha._keywords import check_model_keywords
+from numpyro_uha._masked import (
+    completable,
+    completion_log_density,
+    current_coordinates,
+    masked_out_entries,
+)
 from numpyro_uha._precondition import (
     StandardizedCholesky,
     StandardizedPositive,
@@ -314,6 +320,14 @@ class UHAGuide(AutoContinuous):
       :class:`~numpyro_uha.core.AnnealingParams`);
     - a particle that diverges anyway is skipped (see ``check_finite``).
 
+    Latent entries that the model masks out and nothing in it depends on (the entries of
+    an ``obs_mask`` site's ``"<name>_unobserved"`` latent where the data are observed,
+    padding under :func:`numpyro.handlers.mask`) leave the posterior flat, hence
+    improper, along them. The guide counts each such entry with a standard normal
+    density on its unconstrained coordinates, which changes neither the posterior of
+    the other latents nor log Z (:mod:`numpyro_uha._masked`); ``guide.completed_entries``
+    names them after setup; their draws mean nothing (the model ignores them).
+
     Usage::
 
         guide = UHAGuide(model, K=32)
@@ -483,6 +497,8 @@ class UHAGuide(AutoContinuous):
         self.requested_decenter = _check_decenter(decenter, init_from)
         self._user_model = model
         self.decentered_sites = ()  # resolved at setup
+        # latent entries masked out and flat, counted with their own density (_masked.py)
+        self._completion = {}
         # decenter="auto": the start ELBO of each coordinate system tried (set up)
         self.coordinate_elbos = None
         self._init_values = None
@@ -562,6 +578,7 @@ class UHAGuide(AutoContinuous):
     def _setup_in(self, decenter, precompiling, args, kwargs):
         """The setup in given coordinates: ``decenter`` names the non-centered sites."""
         self._flat_mask = self._ruled_out = None
+        self._completion = {}
         # NumPyro's initial point: in non-centered coordinates, the one init_loc_fn gives
         # the model as written (see _decenter.decentered_init)
         self.init_loc_fn = self._user_init_loc_fn
@@ -621,6 +638,10 @@ class UHAGuide(AutoContinuous):
         arrays, spec = _split_static((args, kwargs))
         lam = None  # the curvature behind the step ceiling (see _start_arrays)
         host = not _is_tracer((arrays, model_params, init_loc))
+        if host:
+            self._completion = self._masked_flat_entries(init_loc, arrays, spec, model_params)
+            if self._completion:  # programs traced before read the model without it
+                self._jitted_setup, self._jitted_draws = {}, {}
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
             preconditioned = True
@@ -907,10 +928,10 @@ class UHAGuide(AutoContinuous):
             f"{'; '.join(parts)} (its gradient there is exactly zero at q's mean and at "
             "draws from q), so the posterior is improper in "
             "them: no guide can fit them, and the ELBO and log Z grow without bound as q "
-            "widens there. The entries of an obs_mask site's '<name>_unobserved' latent "
-            "where the data are observed, and latents with an improper prior that nothing "
-            "depends on, do this. Give them a proper prior, or leave them out of the model "
-            "(for obs_mask, impute only the missing entries: sample them as their own site).",
+            "widens there. Latents with an improper prior that nothing depends on do this. "
+            "Give them a proper prior, or leave them out of the model. (Entries that the "
+            "model masks out, as obs_mask and numpyro.handlers.mask do, are counted with "
+            "their own density instead: see guide.completed_entries.)",
             UHAImproperPosteriorWarning,
             stacklevel=2,
         )
@@ -1175,11 +1196,35 @@ class UHAGuide(AutoContinuous):
         return {name: params[name] for name in self._model_param_sites if name in params}
 
     def _conditioned_model(self, model_params):
-        return handlers.substitute(self.model, data=model_params) if model_params else self.model
+        model = handlers.substitute(self.model, data=model_params) if model_params else self.model
+        return model
+
+    @property
+    def completed_entries(self) -> dict:
+        """Latent entries the model masks out and nothing in it depends on, which the
+        guide counts with a standard normal density (see the class docstring): ``{site: bool
+        array over the site's batch shape}``, by the model's site names; empty where
+        there are none or before setup."""
+        return {self._model_site(n): e.copy() for n, e in self._completion.items()}
+
+    def _masked_flat_entries(self, init_loc, arrays, spec, model_params) -> dict:
+        """The latent entries to complete (:func:`~numpyro_uha._masked.completable`):
+        masked out in the prototype trace, and flat at NumPyro's initial point and at
+        draws around it (one compiled call of the log density's gradient, made only for
+        a model with masked-out latent entries)."""
+        masked = masked_out_entries(self.prototype_trace)
+        if not masked:
+            return {}
+        args, kwargs = _merge_static(arrays, spec)
+        oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params))
+        init_scale = np.full(self.latent_dim, self._init_scale, np.dtype(init_loc.dtype))
+        flat, _ = _probe_near_q(oracle, init_loc, init_scale, MASK_PROBE_ROWS)
+        index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
+        return completable(masked, flat, index)
 
     def _make_logdensity(self, args, kwargs, model_params):
         model = self._conditioned_model(model_params)
-        self._check_same_latents(model, args, kwargs)
+        coords = self._completion_now(self._check_same_latents(model, args, kwargs))[0]
 
         # Seeded inside the block: NumPyro's block lets "prng_key" messages through, so a
         # model drawing keys (e.g. numpyro.contrib.control_flow.scan) would otherwise split
@@ -1188,11 +1233,30 @@ class UHAGuide(AutoContinuous):
 
         def logdensity_fn(z):
             with handlers.block():
-                return -potential_energy(seeded, args, kwargs, self._unpack_latent(z))
+                value = -potential_energy(seeded, args, kwargs, self._unpack_latent(z))
+            if coords is not None:  # masked-out entries nothing depends on (_masked.py)
+                value = value + completion_log_density(z, coords)
+            return value
 
         return logdensity_fn
 
+    def _completion_now(self, model_trace=None, args=None, kwargs=None, model_params=None):
+        """The completed entries (set up by :meth:`_masked_flat_entries`) that this
+        call's model masks out: ``(coords, entries)`` (see
+        :func:`~numpyro_uha._masked.current_coordinates`), ``(None, {})`` where there
+        are none. From ``model_trace``, or a trace at ``args``, ``kwargs`` (under a JAX
+        transform only the masks' computation stays in the program)."""
+        if not self._completion:
+            return None, {}
+        if model_trace is None:
+            model = self._conditioned_model(model_params)
+            model_trace = self._trace_at_init(model, args, kwargs)
+        index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
+        return current_coordinates(self._completion, model_trace, index, self.latent_dim)
+
     def _check_same_latents(self, model, args, kwargs):
+        """Raises where this call's latent sites differ from the setup's; returns the
+        model's trace at the initial point."""
         model_trace = self._trace_at_init(model, args, kwargs)
         extra = [
             name
@@ -1225,6 +1289,7 @@ class UHAGuide(AutoContinuous):
                 "Python int argument sizing a latent, e.g. a number of basis functions, "
                 "must stay the same), or set up a new guide."
             )
+        return model_trace
 
     def _nonfinite_data_sites(self, args, kwargs):
         """Observed sites (not a ``numpyro.factor``'s) with a NaN or inf value, not masked
@@ -1464,6 +1529,12 @@ class UHAGuide(AutoContinuous):
         annealing = self._assemble(values)
         z, log_weight, info = self._sample_impl(rng_key, annealing, model_params, arrays, spec=spec)
         factor = info.log_q_initial - jnp.sum(info.momentum_log_ratio)
+        if self._completion:
+            # Trace_ELBO's log p(x, z) (the model's trace) leaves the completed entries
+            # out, the chain's log density counts them (_masked.py): the factor removes
+            # them, so that the ELBO Trace_ELBO estimates stays the UHA log weight
+            coords = self._completion_now(None, *_merge_static(arrays, spec), model_params)[0]
+            factor = factor - completion_log_density(z, coords)
         if self.check_finite:
             # A diverged particle (weight 0 in the limit) is skipped: no gradient flows
             # back from it. The loss gradient of the latch is the fraction of diverged
@@ -1515,9 +1586,10 @@ class UHAGuide(AutoContinuous):
         density."""
         unconstrained = self._unpack_latent(latent)
         model_trace = None
+        args, kwargs = _merge_static(arrays, spec)
         if self.decentered_sites:
-            args, kwargs = _merge_static(arrays, spec)
             model_trace = self._model_trace_at(unconstrained, model_params, args, kwargs)
+        completed = self._completion_now(None, args, kwargs, model_params)[1]
         emitted = {}
         for name, unconstrained_value in unconstrained.items():
             original = self._model_site(name)
@@ -1534,6 +1606,9 @@ class UHAGuide(AutoContinuous):
                     log_density = sum_rightmost(
                         log_density, jnp.ndim(log_density) - jnp.ndim(value) + site["fn"].event_dim
                     )
+            if name in completed:
+                # the chain's density counts these entries in z, not x (_masked.py)
+                log_density = jnp.where(completed[name], 0.0, log_density)
             emitted[name] = (value, log_density)
         return emitted
 
@@ -2199,6 +2274,8 @@ class _RuledOut(NamedTuple):
 
 #: q's sds at which :func:`_probe_near_q` looks (the mean, and draws this far out)
 FLAT_CHECK_WIDTH = 2.0
+#: points of the probe for masked-out latent entries to complete (UHAGuide._masked_flat_entries)
+MASK_PROBE_ROWS = 16
 
 
 def _probe_near_q(oracle, loc, scale, rows):

@@ -1,14 +1,16 @@
 """The setup warns where the posterior is improper: latent coordinates the model's log
 density does not depend on (its gradient exactly zero at q's mean and at draws from q).
-NumPyro's ``obs_mask`` makes such coordinates (the entries of ``<name>_unobserved`` where
-the data are observed), as does an improper prior on a latent nothing else uses. The
-warning names the site and exactly those positions, and is silent on proper posteriors,
-including one whose gradient along a coordinate is tiny but not zero."""
+An improper prior on a latent nothing else uses makes such coordinates. The warning
+names the site and exactly those positions, and is silent on proper posteriors,
+including one whose gradient along a coordinate is tiny but not zero, and on entries the
+model masks out (NumPyro's ``obs_mask`` makes those: the entries of
+``<name>_unobserved`` where the data are observed), which the guide completes."""
 
 import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import optax
@@ -53,18 +55,23 @@ def set_up(model, *args, **guide_kwargs):
     return [w for w in caught if issubclass(w.category, UHAImproperPosteriorWarning)]
 
 
-def test_obs_mask_names_the_observed_entries_of_the_unobserved_site():
-    caught = set_up(imputation, Y, MASK)
-    assert len(caught) == 1
-    assert issubclass(caught[0].category, UHAFitWarning)  # filtered with the fit warnings
-    message = str(caught[0].message)
-    assert "'y_unobserved' at positions 1, 2, 3, 5, 6, 7, 9, 10, … (9 in all)" in message
-    for name in ("'mu'", "'sigma'"):
-        assert name not in message
+def test_obs_mask_entries_are_completed_not_warned_about():
+    """The entries of ``y_unobserved`` where the data are observed are flat, but the
+    model masks them out: the guide completes them (tests/test_masked_entries.py)
+    instead of calling the posterior improper."""
+    guide = UHAGuide(imputation, K=2, warm_start_steps=100)
+    svi = SVI(imputation, guide, optax.adam(1e-3), Trace_ELBO())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        svi.init(jax.random.PRNGKey(0), Y, MASK)
+    assert not [w for w in caught if issubclass(w.category, UHAImproperPosteriorWarning)]
+    assert list(guide.completed_entries) == ["y_unobserved"]
+    np.testing.assert_array_equal(guide.completed_entries["y_unobserved"], MASK)
 
 
 def test_an_unused_improper_latent_is_named_with_its_positions():
     (caught,) = set_up(unused_improper, Y)
+    assert issubclass(caught.category, UHAFitWarning)  # filtered with the fit warnings
     message = str(caught.message)
     assert "'free' at positions (0, 0), (0, 1), (1, 0), (1, 1) (" in message
     assert "'mu'" not in message

@@ -91,6 +91,16 @@ def _model_params(guide, params):
     }
 
 
+def _compared_elements(guide, name, shape):
+    """Which elements of site ``name`` (of ``shape``) the comparison covers: all but the
+    guide's completed entries (``completed_entries``, over the site's batch shape)."""
+    entries = (getattr(guide, "completed_entries", None) or {}).get(name)
+    if entries is None:
+        return np.ones(shape, bool)
+    entries = np.asarray(entries, bool)
+    return ~np.broadcast_to(entries.reshape(entries.shape + (1,) * (len(shape) - entries.ndim)), shape)
+
+
 def compare_with_nuts(
     guide,
     rng_key,
@@ -109,7 +119,10 @@ def compare_with_nuts(
     Runs NumPyro's NUTS on the guide's model (unless ``mcmc_samples`` is given), draws
     ``num_draws`` UHA draws, and compares the moments of every latent site
     (constrained), element by element. The model's own ``numpyro.param`` values are
-    taken from ``params`` for NUTS as well.
+    taken from ``params`` for NUTS as well. Entries the model masks out and nothing
+    depends on (``guide.completed_entries``: ``obs_mask``'s ``"<name>_unobserved"``
+    where the data are observed) are left out of the table and the covariance: no
+    sampler's values there mean anything.
 
     Both sides are Monte Carlo estimates: compare an error with ``nuts_se_of_mean`` and
     ``uha_se_of_mean`` in :attr:`NUTSComparison.table` before blaming UHA for it.
@@ -222,6 +235,9 @@ def compare_with_nuts(
     else:
         w = np.full(num_draws, 1.0 / num_draws)
 
+    # entries the model masks out and nothing depends on (guide.completed_entries):
+    # their values mean nothing, on either side (NUTS wanders there without bound)
+    keep = {name: _compared_elements(guide, name, uha[name].shape[1:]) for name in sites}
     rows, mcmc_se = [], {}
     for name in sites:
         x_n, x_u = nuts[name], uha[name]
@@ -241,6 +257,8 @@ def compare_with_nuts(
         with np.errstate(divide="ignore", invalid="ignore"):
             in_sd = (uha_mean - nuts_mean) / nuts_std
         for j, label in enumerate(_element_labels(name, shape)):
+            if not keep[name].ravel()[j]:
+                continue
             rows.append(
                 {
                     "site": name,
@@ -264,8 +282,12 @@ def compare_with_nuts(
         max_abs_mean_error_in_sd=("mean_error_in_sd", lambda e: float(np.max(np.abs(e)))),
     )
 
-    flat_n = np.concatenate([nuts[name].reshape(num_mcmc, -1) for name in sites], axis=1)
-    flat_u = np.concatenate([uha[name].reshape(num_draws, -1) for name in sites], axis=1)
+    flat_n = np.concatenate(
+        [nuts[name].reshape(num_mcmc, -1)[:, keep[name].ravel()] for name in sites], axis=1
+    )
+    flat_u = np.concatenate(
+        [uha[name].reshape(num_draws, -1)[:, keep[name].ravel()] for name in sites], axis=1
+    )
     cov_n = np.atleast_2d(np.cov(flat_n, rowvar=False))
     centered = flat_u - np.sum(w[:, None] * flat_u, 0)
     cov_u = (w[:, None] * centered).T @ centered

@@ -325,7 +325,7 @@ class UHAGuide(AutoContinuous):
     padding under :func:`numpyro.handlers.mask`) leave the posterior flat, hence
     improper, along them. The guide counts each such entry with a standard normal
     density on its unconstrained coordinates, which changes neither the posterior of
-    the other latents nor log Z (:mod:`numpyro_uha._masked`); ``guide.completed_entries``
+    the other latents nor log Z (``numpyro_uha/_masked.py``); ``guide.completed_entries``
     names them after setup; their draws mean nothing (the model ignores them).
 
     Usage::

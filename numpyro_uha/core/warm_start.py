@@ -477,14 +477,30 @@ class _ModeState(NamedTuple):
     grad: jax.Array  # its gradient in u
     memory: optax.OptState
     ok: jax.Array
+    reach: jax.Array  # the line search's farthest point (see _step_lengths)
 
 
 _LBFGS = optax.scale_by_lbfgs()
 
 
-def _step_lengths(rows, dtype):
-    """The line search's step lengths, one per row: 2⁸, 2⁷, … (1 at the ninth row)."""
-    return 2.0 ** (8.0 - jnp.arange(rows, dtype=dtype))
+#: The line search's first reach: its farthest point, in standardized units (the
+#: start's sds), from the current one along any coordinate. Every point of a line
+#: search is evaluated in one call, which lasts as long as its slowest point: a model
+#: whose cost grows with its parameters (an adaptive ODE solver: a decay rate e^16 took
+#: 83 s per call, e^40 did not finish) is as slow as the farthest point. The reach
+#: grows REACH_GROWTH-fold each time the farthest point was the best one (a mode
+#: 15 000 sds away, a badly scaled regression, is reached in a few more iterations).
+INITIAL_REACH_SDS = 8.0
+REACH_GROWTH = 2.0
+
+
+def _step_lengths(rows, direction, reach):
+    """The line search's step lengths along ``direction``, one per row: 2⁸, 2⁷, … (1 at
+    the ninth row), all scaled down where the longest would go farther than ``reach``
+    along some coordinate."""
+    lengths = 2.0 ** (8.0 - jnp.arange(rows, dtype=direction.dtype))
+    farthest = lengths[0] * jnp.max(jnp.abs(direction))
+    return lengths * jnp.minimum(1.0, reach / jnp.where(farthest > 0, farthest, 1.0))
 
 
 def _mode_ask(state, init, s, rows):
@@ -496,7 +512,7 @@ def _mode_ask(state, init, s, rows):
     fresh_direction, fresh = _LBFGS.update(state.grad, _LBFGS.init(state.u), state.u)
     direction = jnp.where(bad, -fresh_direction, direction)
     memory = jax.tree.map(lambda a, b: jnp.where(bad, a, b), fresh, memory)
-    us = state.u + _step_lengths(rows, init.dtype)[:, None] * direction
+    us = state.u + _step_lengths(rows, direction, state.reach)[:, None] * direction
     return state._replace(memory=memory), direction, init + s * us
 
 
@@ -506,7 +522,10 @@ def _mode_begin(values, grads, init, s, rows):
     f, g = -values[0], -grads[0] * s
     u = jnp.zeros_like(init)
     ok = jnp.isfinite(f) & jnp.all(jnp.isfinite(g))
-    state = _ModeState(jnp.asarray(0, jnp.int32), u, f, g, _LBFGS.init(u), ok)
+    state = _ModeState(
+        jnp.asarray(0, jnp.int32), u, f, g, _LBFGS.init(u), ok,
+        jnp.asarray(INITIAL_REACH_SDS, init.dtype),
+    )
     return _mode_ask(state, init, s, rows)
 
 
@@ -515,12 +534,14 @@ def _mode_step(state, direction, values, grads, init, s, num_steps):
     """The line search's outcome from the oracle's values and gradients at its points,
     and the next line search."""
     rows = values.shape[0]
-    alphas = _step_lengths(rows, values.dtype)
+    alphas = _step_lengths(rows, direction, state.reach)
     f = -values
     g = -grads * s
     slope = jnp.vdot(state.grad, direction)
     finite = jnp.isfinite(f) & jnp.all(jnp.isfinite(g), axis=-1)
-    armijo = finite & (f <= state.value + _ARMIJO * alphas * slope)
+    # a strict decrease too: in float32 near the mode, c·α·slope is below the value's
+    # resolution, and points of equal value (and a larger gradient) would pass
+    armijo = finite & (f <= state.value + _ARMIJO * alphas * slope) & (f < state.value)
     found = jnp.any(armijo)
     k = jnp.argmin(jnp.where(armijo, f, jnp.inf))  # the lowest point with enough decrease
     new_grad = g[k]
@@ -538,6 +559,8 @@ def _mode_step(state, direction, values, grads, init, s, num_steps):
         keep(new_grad, state.grad),
         memory,
         found & ~small & (state.i + 1 < num_steps),
+        # the farthest point was the best: the mode may be farther still
+        jnp.where(found & (k == 0), REACH_GROWTH * state.reach, state.reach),
     )
     return _mode_ask(state, init, s, rows)
 

@@ -242,3 +242,42 @@ def test_warm_start_on_difference_products_compiles_the_log_density_once():
     # the same fit as with exact products (the mode by L-BFGS, VI from the same draws)
     np.testing.assert_allclose(fit.loc, exact.loc, rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(fit.scale, exact.scale, rtol=1e-2)
+
+
+def test_line_search_points_stay_within_a_reach_that_grows_only_as_needed():
+    """Every line search is one call at all its points, as slow as the slowest: a model
+    whose cost grows with its parameters (an adaptive ODE solver) hung on points 2⁸
+    directions away. The first line search stays within 8 standardized units of the
+    start (INITIAL_REACH_SDS); the reach doubles only when the farthest point was the best, so
+    a nearby mode is found without far points, and a far one (15 000 sds: the badly
+    scaled regression above) is still reached."""
+    from numpyro_uha.core.warm_start import RowsOracle
+
+    def recording(logdensity_fn, seen):
+        inner = rows_oracle(logdensity_fn)
+
+        def value_and_grad(zs):
+            seen.append(np.asarray(zs))
+            return inner.value_and_grad(zs)
+
+        return RowsOracle(value_and_grad, inner.hvp, True)
+
+    # the mode 3 sds from the start along every coordinate; the gradient there is 3
+    def near(z):
+        return -0.5 * jnp.sum((z - 3.0) ** 2)
+
+    seen = []
+    mode, _ = find_mode(None, jnp.zeros(3), jnp.ones(3), oracle=recording(near, seen))
+    np.testing.assert_allclose(mode, 3.0, atol=1e-4)
+    # the first search's farthest point was not its best: the reach never grew
+    assert max(np.max(np.abs(z)) for z in seen) <= 8.0 * (1 + 1e-6)
+    # far: the regression's mode, thousands of sds from INIT in its first coordinate
+    seen = []
+    oracle = recording(regression, seen)
+    s0 = curvature_scale(None, INIT, 0.1, oracle=rows_oracle(regression))
+    precision = X64.T @ X64 / NOISE**2 + np.eye(5) / PRIOR_SD**2
+    mean = np.linalg.solve(precision, X64.T @ Y64 / NOISE**2)
+    assert np.max(np.abs((mean - np.asarray(INIT)) / np.asarray(s0))) > 1e3
+    mode, _ = find_mode(None, INIT, s0, oracle=oracle)
+    sd = np.sqrt(np.diag(np.linalg.inv(precision)))
+    np.testing.assert_array_less(np.abs(np.asarray(mode) - mean) / sd, 1e-2)

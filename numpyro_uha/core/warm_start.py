@@ -10,8 +10,13 @@ posterior's scales, then runs the same VI in coordinates where every scale is ab
    coordinates standardized by the curvature there, s_i = 1 / sqrt(H_ii),
    H = -∇² log p̄ (``fallback_scale`` where H_ii is not positive and finite). Each
    iteration evaluates the log density at a whole row batch of step lengths along the
-   direction (2⁸, 2⁷, …, 1, ½, …) and moves to the lowest of those that decrease the
-   objective enough (Armijo); a step with yᵀs ≤ 0 restarts the L-BFGS memory.
+   direction (2⁸, 2⁷, …, 1, ½, …, all scaled down so that no point is farther than a
+   reach, 8 standardized units at first, doubled whenever the farthest point was the
+   best) and moves to the lowest of those that decrease the objective enough (Armijo,
+   and strictly); a step with yᵀs ≤ 0 restarts the L-BFGS memory. The reach matters
+   where the model's cost depends on its parameters: one call lasts as long as its
+   slowest point, and an ODE model's adaptive solver took minutes at a decay rate of
+   e^16 that a 2⁸-fold step had tried.
 2. **A Laplace approximation** at that mode: N(mode, diag(s²)) with the curvature
    scales at the mode; for a full-rank q, N(mode, H⁻¹) with the whole Hessian (d
    Hessian-vector products on unit vectors: the columns the diagonal was read from),

@@ -497,7 +497,7 @@ class UHAGuide(AutoContinuous):
         self.requested_decenter = _check_decenter(decenter, init_from)
         self._user_model = model
         self.decentered_sites = ()  # resolved at setup
-        # latent entries masked out and flat, counted with their own density (_masked.py)
+        # latent entries masked out and flat, completed at setup (_masked.py)
         self._completion = {}
         # decenter="auto": the start ELBO of each coordinate system tried (set up)
         self.coordinate_elbos = None
@@ -930,8 +930,8 @@ class UHAGuide(AutoContinuous):
             "them: no guide can fit them, and the ELBO and log Z grow without bound as q "
             "widens there. Latents with an improper prior that nothing depends on do this. "
             "Give them a proper prior, or leave them out of the model. (Entries that the "
-            "model masks out, as obs_mask and numpyro.handlers.mask do, are counted with "
-            "their own density instead: see guide.completed_entries.)",
+            "model masks out, as obs_mask and numpyro.handlers.mask do, are completed "
+            "instead: see guide.completed_entries.)",
             UHAImproperPosteriorWarning,
             stacklevel=2,
         )
@@ -1196,8 +1196,7 @@ class UHAGuide(AutoContinuous):
         return {name: params[name] for name in self._model_param_sites if name in params}
 
     def _conditioned_model(self, model_params):
-        model = handlers.substitute(self.model, data=model_params) if model_params else self.model
-        return model
+        return handlers.substitute(self.model, data=model_params) if model_params else self.model
 
     @property
     def completed_entries(self) -> dict:

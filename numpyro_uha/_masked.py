@@ -32,23 +32,23 @@ from numpyro.distributions.distribution import (
 )
 
 
-def _batch_mask(fn):
+def _batch_mask(fn, xp=jnp):
     """The mask of ``fn`` over its batch shape (``True``: counted) from its
     :class:`~numpyro.distributions.MaskedDistribution` wrappers (:func:`numpyro.handlers.mask`
     and ``.mask()`` wrap a site's distribution so), through expansions and
-    ``to_event`` (an event counts where any of its parts does). A JAX array, traced
-    where the mask is."""
+    ``to_event`` (an event counts where any of its parts does). ``xp``: ``jax.numpy``
+    (traced masks) or ``numpy`` (concrete ones, at setup: no device operations)."""
     if isinstance(fn, MaskedDistribution):
-        return _batch_mask(fn.base_dist) & jnp.broadcast_to(
-            jnp.asarray(fn._mask, bool), fn.batch_shape
+        return _batch_mask(fn.base_dist, xp) & xp.broadcast_to(
+            xp.asarray(fn._mask, bool), fn.batch_shape
         )
     if isinstance(fn, ExpandedDistribution):
-        return jnp.broadcast_to(_batch_mask(fn.base_dist), fn.batch_shape)
+        return xp.broadcast_to(_batch_mask(fn.base_dist, xp), fn.batch_shape)
     if isinstance(fn, Independent):
         dims = tuple(range(-fn.reinterpreted_batch_ndims, 0))
-        inner = _batch_mask(fn.base_dist)
+        inner = _batch_mask(fn.base_dist, xp)
         return inner.any(axis=dims) if dims else inner
-    return jnp.ones(fn.batch_shape, bool)
+    return xp.ones(fn.batch_shape, bool)
 
 
 def masked_out_entries(trace) -> dict:
@@ -62,7 +62,7 @@ def masked_out_entries(trace) -> dict:
         value = site["value"]
         batch_shape = np.shape(value)[: np.ndim(value) - site["fn"].event_dim]
         try:  # a traced mask; a site drawn with a sample_shape (more batch dims)
-            mask = np.broadcast_to(np.asarray(_batch_mask(site["fn"])), batch_shape)
+            mask = np.broadcast_to(_batch_mask(site["fn"], np), batch_shape)
         except (jax.errors.TracerArrayConversionError, ValueError):
             continue
         if not mask.all():

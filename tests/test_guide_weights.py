@@ -68,6 +68,34 @@ def perturbed_params(guide, params, seed):
     return {k: jnp.asarray(v, jnp.float32) for k, v in new.items()}
 
 
+def elbo_terms_and_core_weights(guide, params, model, *args, num_keys=6):
+    """For ``num_keys`` keys: Trace_ELBO's term on ``model`` with the guide, and the
+    core's log weight (and its info) from the key the guide drew, its log density and
+    its annealing params: ``(elbo_terms, log_weights, infos)``."""
+    annealing = guide.get_annealing_params(params)
+    logdensity_fn = guide.get_logdensity_fn(params, *args)
+
+    @jax.jit
+    def elbo_term_and_key(rng_key):
+        recorder = RecordKeys(guide)
+        loss = Trace_ELBO().loss(rng_key, params, model, recorder, *args)
+        assert len(recorder.keys) == 1  # the guide draws one key, the one the core gets
+        return -loss, recorder.keys[0]
+
+    core = jax.jit(lambda key: annealed_sample(
+        key, logdensity_fn, annealing,
+        num_leapfrog_steps=guide.num_leapfrog_steps, integrator=guide.integrator,
+    ))
+    elbo, log_w, infos = [], [], []
+    for seed in range(num_keys):
+        elbo_term, key = elbo_term_and_key(jax.random.PRNGKey(seed))
+        _, core_log_w, info = core(key)
+        elbo.append(float(elbo_term))
+        log_w.append(float(core_log_w))
+        infos.append(info)
+    return elbo, log_w, infos
+
+
 def setup_guide(integrator, K=5, decenter="auto"):
     guide = UHAGuide(
         constrained_model, K=K, integrator=integrator, warm_start_steps=0, decenter=decenter
@@ -86,27 +114,9 @@ def test_trace_elbo_term_is_the_core_log_weight_draw_by_draw(integrator, decente
     guide, params = setup_guide(integrator, decenter=decenter)
     assert guide.decentered_sites == (("coef",) if decenter else ())
     params = perturbed_params(guide, params, seed=1)
-    annealing = guide.get_annealing_params(params)
-    assert not np.allclose(annealing.drift_scale, 1.0)
-    logdensity_fn = guide.get_logdensity_fn(params, X, Y)
-
-    @jax.jit
-    def elbo_term_and_key(rng_key):
-        recorder = RecordKeys(guide)
-        loss = Trace_ELBO().loss(rng_key, params, constrained_model, recorder, X, Y)
-        assert len(recorder.keys) == 1  # the guide draws one key, the one the core gets
-        return -loss, recorder.keys[0]
-
-    core = jax.jit(lambda key: annealed_sample(
-        key, logdensity_fn, annealing,
-        num_leapfrog_steps=guide.num_leapfrog_steps, integrator=guide.integrator,
-    ))
-    elbo, log_w = [], []
-    for seed in range(6):
-        elbo_term, key = elbo_term_and_key(jax.random.PRNGKey(seed))
-        _, core_log_w, info = core(key)
-        elbo.append(float(elbo_term))
-        log_w.append(float(core_log_w))
+    assert not np.allclose(guide.get_annealing_params(params).drift_scale, 1.0)
+    elbo, log_w, infos = elbo_terms_and_core_weights(guide, params, constrained_model, X, Y)
+    for info in infos:
         assert np.any(np.abs(info.momentum_log_ratio) > 1e-2)  # the dynamics did something
     np.testing.assert_allclose(elbo, log_w, rtol=1e-5, atol=2e-4)
     # Different keys give different weights: the comparison is draw by draw.

@@ -15,6 +15,7 @@ from numpyro_uha.guide import (
     UHANonfiniteDrawsWarning,
     WeightedDraws,
 )
+from numpyro_uha._memory_maps import UHAMemoryMapWarning
 from numpyro_uha.core.sharding import shard_particles
 from numpyro_uha.io import load_fit, save_fit
 from numpyro_uha.local import LocalLogZ, UHALocalGuide
@@ -32,6 +33,7 @@ __all__ = [
     "UHAImproperPosteriorWarning",
     "UHASupportWarning",
     "UHANonfiniteDrawsWarning",
+    "UHAMemoryMapWarning",
     "WeightedDraws",
     "load_fit",
     "save_fit",

@@ -50,6 +50,7 @@ from numpyro_uha._divergence import (
     gate,
 )
 from numpyro_uha._keywords import check_model_keywords
+from numpyro_uha._memory_maps import relieve as relieve_memory_maps
 from numpyro_uha._masked import (
     completable,
     completion_log_density,
@@ -529,6 +530,8 @@ class UHAGuide(AutoContinuous):
     def _setup_coordinates(self, args, kwargs):
         """The setup, in the coordinates ``decenter`` resolves to."""
         self.model = self._user_model
+        if not _is_tracer((args, kwargs)):
+            relieve_memory_maps("UHAGuide")  # before this setup compiles (see _memory_maps)
         dim = self._validate_model(args, kwargs)
         precompiling = None if _is_tracer((args, kwargs)) else self._precompile_setup(dim)
         try:

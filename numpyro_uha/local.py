@@ -48,6 +48,7 @@ from numpyro.infer.initialization import init_to_median
 import numpyro.distributions as dist
 
 from numpyro_uha._keywords import check_model_keywords
+from numpyro_uha._memory_maps import relieve as relieve_memory_maps
 from numpyro_uha.core import (
     AnnealingParams,
     betas_from_logits,
@@ -300,6 +301,8 @@ class UHALocalGuide(AutoGuide):
 
     # ------------------------------------------------------------------ setup
     def _setup_prototype(self, *args, **kwargs):
+        if not _is_tracer((args, kwargs)):
+            relieve_memory_maps("UHALocalGuide")  # before this setup compiles (see _memory_maps)
         rng_key = numpyro.prng_key()
         if rng_key is None:
             rng_key = jax.random.PRNGKey(0)

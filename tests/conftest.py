@@ -14,12 +14,21 @@ programs (the same small models, the same warm start), and a program compiled on
 read back instead of compiled again. Every run starts cold, so its time is what CI sees.
 The cached programs are the ones XLA compiled; no result depends on the cache. A cache
 folder the user set in ``JAX_COMPILATION_CACHE_DIR`` is kept (and not removed).
+
+Each test process clears JAX's in-memory caches after a test once it holds 30 % of its
+memory mapping cap (``_bounded_memory_maps``): a worker that had run a few hundred fits
+crossed the cap and segfaulted inside XLA (in the compiler, or in the persistent cache's
+write of a program it had just compiled), and xdist then hung instead of failing. A
+crashed worker now ends the run at once (``--max-worker-restart=0`` in pyproject.toml).
 """
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
+
+import pytest
 
 _FLAG = "--xla_backend_optimization_level"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -33,3 +42,21 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     # every program, however small or quick to compile (the defaults skip those)
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+@pytest.fixture(autouse=True)
+def _bounded_memory_maps():
+    """After each test, JAX's caches are cleared once the process holds 30 % of its
+    memory mapping cap (``vm.max_map_count``): every compiled CPU program maps memory and
+    JAX keeps them all, and a test worker that ran a few hundred fits crossed the cap and
+    segfaulted inside XLA's compiler (see ``numpyro_uha/_memory_maps.py``, whose own
+    guard, at 50 % and with a warning, is for users' processes and is tested apart)."""
+    yield
+    from numpyro_uha import _memory_maps
+
+    state = _memory_maps._count_and_cap()
+    if state is not None and state[0] > 0.3 * state[1]:
+        import jax
+
+        jax.clear_caches()
+        gc.collect()

@@ -29,7 +29,11 @@ _warned = False
 
 
 class UHAMemoryMapWarning(RuntimeWarning):
-    """A guide cleared JAX's caches: the process neared its memory mapping cap."""
+    """A guide's setup cleared JAX's caches (:func:`jax.clear_caches`): the process
+    held more than half of its memory mapping cap (``vm.max_map_count``), mostly JAX's
+    compiled programs, and at the cap XLA's compiler fails and the process crashes.
+    Shown once per process; see the how-to "Devices", section "Many fits in one
+    process"."""
 
 
 def _count_and_cap():

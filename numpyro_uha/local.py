@@ -49,6 +49,7 @@ import numpyro.distributions as dist
 
 from numpyro_uha._keywords import check_model_keywords
 from numpyro_uha._memory_maps import relieve as relieve_memory_maps
+from numpyro_uha._masked import _batch_mask, masked_out_entries
 from numpyro_uha.core import (
     AnnealingParams,
     betas_from_logits,
@@ -293,6 +294,7 @@ class UHALocalGuide(AutoGuide):
         self.remat = remat
         self.sharding = leading_axis_sharding(sharding)
         self._jitted = {}
+        self._completed_sites = ()  # see _find_completed_sites
         # the latch: a parameter the first diverged chain in training moves off 0
         # (see _divergence.py); svi.get_params then warns
         self._divergence = LocalDivergenceRecord()
@@ -379,6 +381,8 @@ class UHALocalGuide(AutoGuide):
         row = self._pack({n: biject_to(start[n]["fn"].support).inv(start[n]["value"])
                           for n in self._local_sites})
         self._init_loc_row = jnp.where(jnp.isfinite(row), row, 0.0).mean(0).astype(dtype)
+        self._completed_sites = ()
+        self._completed_sites = self._find_completed_sites(trace, args, kwargs, size)
         self._check_no_batch_sized_globals(trace, global_latents, size, subsample_size)
         self._check_finite_data(trace, trace[name]["value"])
         self._check_outside_sites_ignore_locals(trace, args, kwargs, sites_in)
@@ -662,8 +666,10 @@ class UHALocalGuide(AutoGuide):
             out[n] = jnp.moveaxis(value, 0, axis)
         return out
 
-    def _constrain(self, rows):
-        """(B, d) unconstrained → constrained site values and the rows' log |det J|."""
+    def _constrain(self, rows, left_out=None):
+        """(B, d) unconstrained → constrained site values and the rows' log |det J|
+        (without the entries ``left_out``, ``{site: bool over its batch shape}``: the
+        completed ones, see :meth:`_completion`)."""
         values, log_det = {}, jnp.zeros(rows.shape[0], rows.dtype)
         for n, u in self._unpack(rows).items():
             site = self.prototype_trace[n]
@@ -671,8 +677,90 @@ class UHALocalGuide(AutoGuide):
             value = transform(u)
             values[n] = value
             ladj = transform.log_abs_det_jacobian(u, value)
+            if left_out is not None and n in left_out:
+                ladj = jnp.where(left_out[n], 0.0, ladj)
             log_det = log_det + self._per_row(ladj, rows.shape[0])
         return values, log_det
+
+    # ------------------------------------------------ masked-out local entries
+    def _find_completed_sites(self, trace, args, kwargs, size):
+        """The local sites whose entries the model masks out (``obs_mask``'s
+        ``"<name>_unobserved"`` where the data are observed, ``handlers.mask``) and
+        nothing depends on: every unconstrained coordinate of every masked-out entry of
+        the setup's minibatch has an exactly zero gradient at q's initial rows and three
+        draws around them. Each chain's target would be flat, hence improper, there (q_i
+        widens without end and the bound with it); those entries are completed as in
+        ``UHAGuide`` (``numpyro_uha/_masked.py``): a standard normal density on their
+        unconstrained coordinates, so log p(x_i) and the other latents' posterior are
+        the model's. Which entries is read from each call's masks (:meth:`_completion`)."""
+        masked = {n: m for n, m in masked_out_entries(trace).items() if n in self._local_sites}
+        if not masked or _is_tracer((args, kwargs)):
+            return ()
+        idx = trace[self._plate_name]["value"]
+        global_values = {n: trace[n]["value"] for n in self._global_latents}
+        model_params = {n: s["value"] for n, s in trace.items() if s["type"] == "param"}
+        self._completed_sites = tuple(masked)  # their Jacobians out of the probed density
+        logdensity = self._rows_logdensity(
+            args, kwargs, global_values, model_params, idx, size, completion=False
+        )
+        grad = jax.jit(jax.vmap(jax.grad(lambda rows: jnp.sum(logdensity(rows)))))
+        start = jnp.broadcast_to(self._init_loc_row, (idx.shape[0], self.latent_dim))
+        noise = jax.random.normal(jax.random.PRNGKey(0), (3,) + start.shape, start.dtype)
+        probes = jnp.concatenate([start[None], start[None] + noise])
+        flat = np.all(np.asarray(grad(probes)) == 0.0, axis=0)
+        completed = []
+        for n, left_out in masked.items():
+            coords = np.asarray(self._entry_rows(n, jnp.asarray(left_out), idx.shape[0]))
+            if coords.any() and flat[coords].all():
+                completed.append(n)
+        self._completed_sites = ()
+        return tuple(completed)
+
+    def _entry_rows(self, n, entries, num_rows):
+        """A bool over site ``n``'s batch shape → the rows' (B, d) coordinates it covers."""
+        out = jnp.zeros((num_rows, self.latent_dim), bool)
+        for name, axis, per_row, offset, width, shape in self._layout:
+            if name != n:
+                continue
+            event = len(shape) - jnp.ndim(entries)
+            full = _with_axis(shape, axis, num_rows)
+            value = jnp.broadcast_to(jnp.reshape(entries, jnp.shape(entries) + (1,) * event), full)
+            value = jnp.reshape(jnp.moveaxis(value, axis, 0), (num_rows, width))
+            out = out.at[:, offset:offset + width].set(value)
+        return out
+
+    def _left_out(self, trace):
+        """``{site: bool over its batch shape}``: the entries of the completed sites that
+        this call's model (``trace``) masks out."""
+        out = {}
+        for n in self._completed_sites:
+            fn = trace[n]["fn"]
+            value = trace[n]["value"]
+            batch_shape = jnp.shape(value)[: jnp.ndim(value) - fn.event_dim]
+            out[n] = ~jnp.broadcast_to(_batch_mask(fn), batch_shape)
+        return out
+
+    def _completion(self, rows, left_out):
+        """Σ log N(u; 0, 1) per row over the unconstrained coordinates of the entries
+        ``left_out`` (:meth:`_left_out`)."""
+        total = jnp.zeros(rows.shape[0], rows.dtype)
+        for n, entries in left_out.items():
+            coords = self._entry_rows(n, entries, rows.shape[0])
+            terms = -0.5 * rows**2 - 0.5 * np.log(2 * np.pi)
+            total = total + jnp.sum(jnp.where(coords, terms, 0.0), axis=-1)
+        return total
+
+    def _completed_parts(self, rows, args, kwargs, global_values, model_params, idx):
+        """(log |det J| without the completed entries, their completion density) per row,
+        for the guide's factor; the masks from a trace of this call's model."""
+        values, _ = self._constrain(rows)
+        data = {**global_values, **values, **model_params, self._plate_name: idx}
+        with handlers.block():
+            trace = handlers.trace(handlers.substitute(self.model, data=data)).get_trace(
+                *args, **kwargs
+            )
+        left_out = self._left_out(trace)
+        return self._constrain(rows, left_out)[1], self._completion(rows, left_out)
 
     def _per_row(self, log_prob, subsample_size):
         """Sum a site's log density (its batch shape) over all but the data axis → (B,)."""
@@ -682,7 +770,9 @@ class UHALocalGuide(AutoGuide):
         return jnp.sum(jnp.reshape(log_prob, (subsample_size, -1)), axis=-1)
 
     # -------------------------------------------------------- log density
-    def _rows_logdensity(self, args, kwargs, global_values, model_params, idx, size):
+    def _rows_logdensity(
+        self, args, kwargs, global_values, model_params, idx, size, completion=True
+    ):
         """Z (B, d) ↦ (log p(x_i, z_i | globals) + log|det J_i|)_i, one model run for all."""
         plate_name, subsample_size = self._plate_name, idx.shape[0]
         plate_scale = size / subsample_size
@@ -694,6 +784,12 @@ class UHALocalGuide(AutoGuide):
                 trace = handlers.trace(handlers.substitute(self.model, data=data)).get_trace(
                     *args, **kwargs
                 )
+            if getattr(self, "_completed_sites", ()):
+                # (without ``completion``: the setup's flatness probe, Jacobian left out)
+                left_out = self._left_out(trace)
+                log_det = self._constrain(rows, left_out)[1]
+                if completion:
+                    log_det = log_det + self._completion(rows, left_out)
             total = log_det
             for n in self._local_sites + self._observed_sites:
                 site = trace[n]
@@ -1101,6 +1197,13 @@ class UHALocalGuide(AutoGuide):
             is_diverged = diverged(log_weight, info.log_accept_ratio)
             rows = jnp.where(is_diverged[:, None], info.initial_position, rows)
         local_values, log_det = self._constrain(rows)
+        if getattr(self, "_completed_sites", ()):
+            # the model's trace leaves the completed entries out: the factor carries
+            # their density and not their Jacobian, so each point's ELBO is its weight
+            log_det, completion = self._completed_parts(
+                rows, args, kwargs, global_values, model_params, idx
+            )
+            log_det = log_det + completion
         return rows, log_weight, info, local_values, log_det, is_diverged
 
     # ------------------------------------------------------------ sampling

@@ -382,10 +382,10 @@ class UHALocalGuide(AutoGuide):
                           for n in self._local_sites})
         self._init_loc_row = jnp.where(jnp.isfinite(row), row, 0.0).mean(0).astype(dtype)
         self._completed_sites = ()
-        self._completed_sites = self._find_completed_sites(trace, args, kwargs, size)
         self._check_no_batch_sized_globals(trace, global_latents, size, subsample_size)
         self._check_finite_data(trace, trace[name]["value"])
         self._check_outside_sites_ignore_locals(trace, args, kwargs, sites_in)
+        self._completed_sites = self._find_completed_sites(trace, args, kwargs, size)
         if self.encoder is None and subsample_size < size and not _is_tracer((args, kwargs)):
             self._warn_if_data_ignore_the_indices(args, kwargs, size, subsample_size)
         if self._global_latents:

@@ -49,7 +49,7 @@ import numpyro.distributions as dist
 
 from numpyro_uha._keywords import check_model_keywords
 from numpyro_uha._memory_maps import relieve as relieve_memory_maps
-from numpyro_uha._masked import _batch_mask, masked_out_entries
+from numpyro_uha._masked import _batch_mask, completion_log_density, masked_out_entries
 from numpyro_uha.core import (
     AnnealingParams,
     betas_from_logits,
@@ -699,9 +699,8 @@ class UHALocalGuide(AutoGuide):
         idx = trace[self._plate_name]["value"]
         global_values = {n: trace[n]["value"] for n in self._global_latents}
         model_params = {n: s["value"] for n, s in trace.items() if s["type"] == "param"}
-        self._completed_sites = tuple(masked)  # their Jacobians out of the probed density
-        logdensity = self._rows_logdensity(
-            args, kwargs, global_values, model_params, idx, size, completion=False
+        logdensity = self._rows_logdensity(  # their Jacobians out of the probed density
+            args, kwargs, global_values, model_params, idx, size, probed=tuple(masked)
         )
         grad = jax.jit(jax.vmap(jax.grad(lambda rows: jnp.sum(logdensity(rows)))))
         start = jnp.broadcast_to(self._init_loc_row, (idx.shape[0], self.latent_dim))
@@ -713,7 +712,6 @@ class UHALocalGuide(AutoGuide):
             coords = np.asarray(self._entry_rows(n, jnp.asarray(left_out), idx.shape[0]))
             if coords.any() and flat[coords].all():
                 completed.append(n)
-        self._completed_sites = ()
         return tuple(completed)
 
     def _entry_rows(self, n, entries, num_rows):
@@ -729,11 +727,11 @@ class UHALocalGuide(AutoGuide):
             out = out.at[:, offset:offset + width].set(value)
         return out
 
-    def _left_out(self, trace):
-        """``{site: bool over its batch shape}``: the entries of the completed sites that
-        this call's model (``trace``) masks out."""
+    def _left_out(self, trace, sites):
+        """``{site: bool over its batch shape}``: the entries of ``sites`` (the completed
+        ones) that this call's model (``trace``) masks out."""
         out = {}
-        for n in self._completed_sites:
+        for n in sites:
             fn = trace[n]["fn"]
             value = trace[n]["value"]
             batch_shape = jnp.shape(value)[: jnp.ndim(value) - fn.event_dim]
@@ -743,23 +741,21 @@ class UHALocalGuide(AutoGuide):
     def _completion(self, rows, left_out):
         """Σ log N(u; 0, 1) per row over the unconstrained coordinates of the entries
         ``left_out`` (:meth:`_left_out`)."""
-        total = jnp.zeros(rows.shape[0], rows.dtype)
+        coords = jnp.zeros(rows.shape, bool)
         for n, entries in left_out.items():
-            coords = self._entry_rows(n, entries, rows.shape[0])
-            terms = -0.5 * rows**2 - 0.5 * np.log(2 * np.pi)
-            total = total + jnp.sum(jnp.where(coords, terms, 0.0), axis=-1)
-        return total
+            coords = coords | self._entry_rows(n, entries, rows.shape[0])
+        return completion_log_density(rows, coords)
 
-    def _completed_parts(self, rows, args, kwargs, global_values, model_params, idx):
+    def _completed_parts(self, rows, values, args, kwargs, global_values, model_params, idx):
         """(log |det J| without the completed entries, their completion density) per row,
-        for the guide's factor; the masks from a trace of this call's model."""
-        values, _ = self._constrain(rows)
+        for the guide's factor (``values``: the rows constrained); the masks from a trace
+        of this call's model."""
         data = {**global_values, **values, **model_params, self._plate_name: idx}
         with handlers.block():
             trace = handlers.trace(handlers.substitute(self.model, data=data)).get_trace(
                 *args, **kwargs
             )
-        left_out = self._left_out(trace)
+        left_out = self._left_out(trace, self._completed_sites)
         return self._constrain(rows, left_out)[1], self._completion(rows, left_out)
 
     def _per_row(self, log_prob, subsample_size):
@@ -771,9 +767,14 @@ class UHALocalGuide(AutoGuide):
 
     # -------------------------------------------------------- log density
     def _rows_logdensity(
-        self, args, kwargs, global_values, model_params, idx, size, completion=True
+        self, args, kwargs, global_values, model_params, idx, size, probed=None
     ):
-        """Z (B, d) ↦ (log p(x_i, z_i | globals) + log|det J_i|)_i, one model run for all."""
+        """Z (B, d) ↦ (log p(x_i, z_i | globals) + log|det J_i|)_i, one model run for all.
+
+        The completed sites' masked-out entries count with their completion density and
+        without their Jacobian; ``probed`` (the setup's flatness probe): these sites'
+        masked-out entries without their Jacobian and without a density."""
+        completed = getattr(self, "_completed_sites", ()) if probed is None else probed
         plate_name, subsample_size = self._plate_name, idx.shape[0]
         plate_scale = size / subsample_size
 
@@ -784,11 +785,10 @@ class UHALocalGuide(AutoGuide):
                 trace = handlers.trace(handlers.substitute(self.model, data=data)).get_trace(
                     *args, **kwargs
                 )
-            if getattr(self, "_completed_sites", ()):
-                # (without ``completion``: the setup's flatness probe, Jacobian left out)
-                left_out = self._left_out(trace)
+            if completed:
+                left_out = self._left_out(trace, completed)
                 log_det = self._constrain(rows, left_out)[1]
-                if completion:
+                if probed is None:
                     log_det = log_det + self._completion(rows, left_out)
             total = log_det
             for n in self._local_sites + self._observed_sites:
@@ -1201,7 +1201,7 @@ class UHALocalGuide(AutoGuide):
             # the model's trace leaves the completed entries out: the factor carries
             # their density and not their Jacobian, so each point's ELBO is its weight
             log_det, completion = self._completed_parts(
-                rows, args, kwargs, global_values, model_params, idx
+                rows, local_values, args, kwargs, global_values, model_params, idx
             )
             log_det = log_det + completion
         return rows, log_weight, info, local_values, log_det, is_diverged

@@ -111,6 +111,29 @@ def test_the_guide_speaks_the_models_own_sites(fitted_groups):
     assert np.all(np.isfinite(predictive["theta"]))
 
 
+def test_the_evaluation_layer_reads_reference_draws_by_the_models_own_sites(fitted_groups):
+    """Reference draws of the model (NUTS's, or here the guide's own) hold ``theta``, not
+    the non-centered ``theta_decentered`` the guide runs: compare_with_nuts and the
+    estimators from posterior draws read them by the model's names (both failed on every
+    non-centered guide, with a KeyError and a missing-site error)."""
+    from numpyro_uha.evaluation import compare_with_nuts, log_z_bracket, sandwich
+
+    guide, params = fitted_groups
+    draws = guide.sample_posterior_with_log_weights(
+        jax.random.PRNGKey(4), params, Y, sample_shape=(64,)
+    )
+    reference = {name: np.asarray(value) for name, value in draws.samples.items()}
+    comparison = compare_with_nuts(
+        guide, jax.random.PRNGKey(5), params, Y, mcmc_samples=reference, num_draws=64
+    )
+    assert {"mu", "tau", "noise", "theta", "masked"} <= set(comparison.summary.index)
+    assert np.all(np.isfinite(comparison.table["nuts_mean"]))
+    bounds = sandwich(guide, jax.random.PRNGKey(6), params, reference, Y, num_draws=32)
+    assert np.isfinite(bounds.lower.elbo) and np.isfinite(bounds.upper)
+    bracket = log_z_bracket(guide, jax.random.PRNGKey(7), params, reference, Y, num_q_draws=2000)
+    assert np.isfinite(bracket.lower) and np.isfinite(bracket.upper)
+
+
 def test_pickled_and_jitted_guides_draw_the_same(fitted_groups):
     guide, params = fitted_groups
     key = jax.random.PRNGKey(3)

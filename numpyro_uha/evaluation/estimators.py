@@ -582,10 +582,10 @@ def _guide_positions(guide, params, posterior_samples, args, kwargs):
     arrays, spec = _split_static((args, kwargs))
     # Latent sites only (other keys, e.g. deterministic sites, play no part), as arrays:
     # latent_from_samples names missing ones.
-    samples = {
-        name: jnp.asarray(posterior_samples[name])
-        for name in guide._init_locs if name in posterior_samples
-    }
+    # by the model's own names (``x`` for a non-centered ``x_decentered``), as reference
+    # draws of the model hold them
+    own = [guide._model_site(name) for name in guide._init_locs]
+    samples = {name: jnp.asarray(posterior_samples[name]) for name in own if name in posterior_samples}
     to_latent = _guide_program(guide, "latent", spec, _build_latent)
     positions = np.asarray(to_latent(samples, guide._model_params_in(params), arrays))
     if positions.ndim != 2:

@@ -168,7 +168,10 @@ def compare_with_nuts(
     num_draws = _check_positive_int("num_draws", num_draws)
     if num_draws < 2:
         raise ValueError("compare_with_nuts: num_draws must be at least 2.")
-    sites = list(guide._init_locs)
+    # the model's own sites (``x``, not the non-centered ``x_decentered`` the guide runs):
+    # what its draws, NUTS on its model and users' reference draws all hold
+    model_site = getattr(guide, "_model_site", lambda name: name)
+    sites = [model_site(name) for name in guide._init_locs]
     nuts_key, uha_key = jax.random.split(rng_key)
 
     draws = guide.sample_posterior_with_log_weights(

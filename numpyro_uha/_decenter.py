@@ -83,13 +83,14 @@ def _trace_at(model, args, kwargs, seed):
         return handlers.trace(traced).get_trace(*args, **kwargs)
 
 
-def find_decenterable(model, args, kwargs) -> list[str]:
+def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
     """Latent loc-scale sites whose loc or scale depends on other latent variables.
 
     The model is traced at two random points of its unconstrained latent space (NumPyro's
     ``init_to_uniform``, as its autoguides initialize; improper priors included): a site
     qualifies when its distribution is a loc-scale family of real support, unmasked and
-    unscaled, and its loc or scale differs between the two traces.
+    unscaled (``scaled``: scaled ones too, e.g. a subsampled plate's N/B), and its loc or
+    scale differs between the two traces.
     """
     first, second = (_trace_at(model, args, kwargs, seed) for seed in (1, 2))
     names = []
@@ -98,7 +99,7 @@ def find_decenterable(model, args, kwargs) -> list[str]:
             continue
         if site.get("infer", {}).get("is_auxiliary") or site.get("mask") is not None:
             continue
-        if site.get("scale") is not None:
+        if site.get("scale") is not None and not scaled:
             continue
         support = site["fn"].support
         if isinstance(support, constraints.independent):

@@ -72,37 +72,6 @@ class Decenter(Reparam):
         return None, base.loc + base.scale * noise
 
 
-#: suffix of the parameter site holding a partially centered site's centering λ
-CENTERING = "_centering"
-
-
-class PartialDecenter(Reparam):
-    """``x ~ F(loc, scale)`` becomes ``x̃ ~ F(λ loc, scale^λ)`` (site ``x_decentered``) and
-    ``x = loc + scale^(1-λ) (x̃ − λ loc)``: partial centering (Gorinova, Moore & Hoffman
-    2020's variationally inferred parameterisation): λ = 1 is the model as written, λ = 0
-    :class:`Decenter`. λ, elementwise, is the parameter site ``x_centering`` (0.5 unless
-    substituted: ``UHALocalGuide(decenter="learn")`` substitutes its learned values);
-    log|dx/dx̃| = (1 − λ) log scale is recorded as :class:`Decenter` does."""
-
-    def __call__(self, name, fn, obs):
-        if obs is not None:
-            return fn, obs
-        shape = fn.shape()
-        base, expand_shape, event_dim = self._unwrap(fn)
-        dtype = jnp.result_type(base.loc, base.scale)
-        lam = jnp.broadcast_to(
-            numpyro.param(name + CENTERING, np.full(shape, 0.5, dtype)), shape
-        )
-        loc, scale = jnp.broadcast_to(base.loc, shape), jnp.broadcast_to(base.scale, shape)
-        kept = {key: getattr(base, key) for key in LOC_SCALE_FAMILIES[type(base)]}
-        partial_fn = type(base)(loc=lam * loc, scale=scale**lam, **kept)
-        noise = numpyro.sample(
-            name + SUFFIX, self._wrap(partial_fn, shape[: len(shape) - base.event_dim], event_dim),
-            infer={LOG_SCALE: (1.0 - lam) * jnp.log(scale)},
-        )
-        return None, loc + scale ** (1.0 - lam) * (noise - lam * loc)
-
-
 def _unwrap(fn):
     """The distribution inside ``.expand(...)``/``.to_event(...)`` (NumPyro's own unwrapping)."""
     return Decenter()._unwrap(fn)[0]
@@ -209,9 +178,7 @@ def emitted_log_density(site, mask_off: bool):
 
 
 __all__ = [
-    "CENTERING",
     "Decenter",
-    "PartialDecenter",
     "LOC_SCALE_FAMILIES",
     "decentered_init",
     "decentered_model",

@@ -180,13 +180,8 @@ class UHALocalGuide(AutoGuide):
             rows are in z̃. Where each data point's latents are weakly informed, the
             global guide's spread is then right where the centered one's is several
             times too small; where they are well informed, the centered one's is closer
-            (measured: docs/how-to/local-latents.md). ``"learn"``: the same sites
-            partially centered, ``z̃ ~ Normal(λ loc, scale^λ)``,
-            ``z = loc + scale^(1-λ) (z̃ − λ loc)``, with λ ∈ (0, 1) learned per data point
-            and coordinate (shared with an encoder; the parameter ``<prefix>_centering``,
-            starting at 0.5): Gorinova, Moore & Hoffman (2020)'s variationally inferred
-            parameterisation, between the model's coordinates (λ = 1) and ``True``
-            (λ = 0). Resolved at setup into ``guide.decentered_sites``.
+            (measured: docs/how-to/local-latents.md). Resolved at setup into
+            ``guide.decentered_sites``.
         subsample_plate: the local plate's name, needed when no plate (or more than one)
             has ``subsample_size`` smaller than its size.
         per_data_point: give each data point its own annealing parameters (ε, its slope,
@@ -341,13 +336,7 @@ class UHALocalGuide(AutoGuide):
         name, size, subsample_size, dim = self._find_plate(trace)
         self.decentered_sites = self._resolve_decenter(trace, name, args, kwargs)
         if self.decentered_sites:  # the rest of the setup in the non-centered coordinates
-            self.model = (
-                handlers.reparam(self._written_model, config={
-                    n: _decenter.PartialDecenter() for n in self.decentered_sites
-                })
-                if self._learns_centering
-                else _decenter.decentered_model(self._written_model, self.decentered_sites)
-            )
+            self.model = _decenter.decentered_model(self._written_model, self.decentered_sites)
             with handlers.block():
                 trace = handlers.trace(handlers.seed(self.model, rng_key)).get_trace(
                     *args, **kwargs
@@ -396,10 +385,7 @@ class UHALocalGuide(AutoGuide):
                     "continuous latent variables."
                 )
         self._global_latents = global_latents
-        centering = {n + _decenter.CENTERING for n in self.decentered_sites}
-        self._model_param_sites = {  # the model's own (not the guide's centering λ)
-            n: s for n, s in trace.items() if s["type"] == "param" and n not in centering
-        }
+        self._model_param_sites = {n: s for n, s in trace.items() if s["type"] == "param"}
         # the layout of one data point's unconstrained local coordinates
         layout, offset = [], 0
         for n in self._local_sites:
@@ -452,7 +438,7 @@ class UHALocalGuide(AutoGuide):
             if s["type"] == "sample" and not s["is_observed"]
             and any(f.name == plate for f in s["cond_indep_stack"])
         }
-        if requested is True or requested == "learn":
+        if requested is True:
             found = _decenter.find_decenterable(self._written_model, args, kwargs, scaled=True)
             return tuple(n for n in found if n in local)
         for n in requested:
@@ -478,35 +464,6 @@ class UHALocalGuide(AutoGuide):
                     "as written."
                 )
         return tuple(requested)
-
-    @property
-    def _learns_centering(self) -> bool:
-        return self.requested_decenter == "learn" and bool(self.decentered_sites)
-
-    def _centering_values(self, lam):
-        """λ rows (B, d) → the partially centered sites' λ parameters, by site name."""
-        return {
-            self._written_site(n) + _decenter.CENTERING: value
-            for n, value in self._unpack(lam).items() if self._written_site(n) != n
-        }
-
-    def _centering(self, idx, size, params=None):
-        """The minibatch's learned centering λ (B, d): per data point, or shared with an
-        encoder (registered, or read from ``params``)."""
-        d, dtype = self.latent_dim, self._init_loc_row.dtype
-        name = f"{self.prefix}_centering"
-        if self.encoder is None:
-            lam = (
-                params[name] if params is not None else numpyro.param(
-                    name, lambda _: jnp.full((size, d), 0.5, dtype),
-                    constraint=constraints.unit_interval,
-                )
-            )
-            return jnp.take(lam, idx, axis=0)
-        lam = params[name] if params is not None else numpyro.param(
-            name, np.full(d, 0.5, dtype), constraint=constraints.unit_interval
-        )
-        return jnp.broadcast_to(lam, (idx.shape[0], d))
 
     def _written_site(self, name) -> str:
         """The model's own site for a local site of the guide: ``z`` for ``z_decentered``."""
@@ -953,11 +910,9 @@ class UHALocalGuide(AutoGuide):
         self._require_setup()
         size, subsample_size = self._sizes(args, kwargs)
         idx = self._subsample(subsample_idx, size, subsample_size, args, kwargs)
-        model_params = self._model_params_in(params)
-        if self._learns_centering:
-            model_params.update(self._centering_values(self._centering(idx, size, params)))
         return self._rows_logdensity(
-            args, kwargs, self._check_globals(global_values), model_params, idx, size,
+            args, kwargs, self._check_globals(global_values), self._model_params_in(params), idx,
+            size,
         )
 
     def get_annealing_params(self, params, *args, subsample_idx=None, **kwargs):
@@ -1237,10 +1192,6 @@ class UHALocalGuide(AutoGuide):
                 values = {
                     s: self._row_param(s, jnp.broadcast_to(v, (size,) + v.shape), specs[s], idx)
                     for s, v in self._init_values.items()
-                }
-            if self._learns_centering:  # λ reaches the model's traces as its parameters
-                model_params = {
-                    **model_params, **self._centering_values(self._centering(idx, size))
                 }
             loc, scale = self._q(args, kwargs, global_values, model_params, idx, size)
             annealing = self._annealing(values, loc, scale)
@@ -1572,14 +1523,14 @@ class UHALocalGuide(AutoGuide):
 
 
 def _check_decenter(decenter):
-    if decenter is True or decenter is False or decenter == "learn":
+    if decenter is True or decenter is False:
         return decenter
     if (
         isinstance(decenter, str) or not hasattr(decenter, "__iter__")
         or not all(isinstance(n, str) for n in decenter)
     ):
         raise ValueError(
-            "decenter must be True, False, \"learn\" or a list of local site names, got "
+            "decenter must be True, False or a list of local site names, got "
             f"{decenter!r}."
         )
     return tuple(decenter)

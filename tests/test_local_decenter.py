@@ -107,16 +107,10 @@ def test_each_points_elbo_is_its_log_weight_with_the_jacobian():
     np.testing.assert_allclose(loss, -(N / BATCH) * float(jnp.sum(log_w)) - globals_, rtol=1e-5)
 
 
-@pytest.mark.parametrize("decenter", [True, "learn"])
-def test_the_loss_with_latent_globals_is_the_global_terms_and_the_log_weights(decenter):
+def test_the_loss_with_latent_globals_is_the_global_terms_and_the_log_weights(fitted):
     """With the globals latent (AutoNormal): Trace_ELBO's loss is exactly
-    -(log p(mu, tau) - log q(mu, tau)) - (N/B) Σ_i log w_i for the same draw, fully
-    non-centered or partially (a learned λ: log |dz/dz̃| = (1 - λ) log tau)."""
-    guide = UHALocalGuide(hierarchy, K=3, decenter=decenter, init_scale=1.0)
-    params = fit(hierarchy, guide, steps=20)
-    if decenter == "learn":  # λ moved off its start, per data point
-        assert params["local_centering"].shape == (N, 2)
-        assert np.ptp(np.asarray(params["local_centering"])[:, 1]) > 0
+    -(log p(mu, tau) - log q(mu, tau)) - (N/B) Σ_i log w_i for the same draw."""
+    guide, params = fitted
     idx = jnp.asarray([0, 3, 7, 11, 19, 23])
     sub = {"groups": idx}
     key = jax.random.PRNGKey(12)
@@ -144,15 +138,10 @@ def test_the_loss_with_latent_globals_is_the_global_terms_and_the_log_weights(de
     )
 
 
-@pytest.mark.parametrize("decenter", [True, "learn"])
-def test_weights_are_unbiased_for_the_likelihood_given_the_globals(decenter, fitted):
+def test_weights_are_unbiased_for_the_likelihood_given_the_globals(fitted):
     """E[w_i] = p(ybar_i | mu, tau) = ∫ N(ybar_i; z + 0.1 w, σ) N(z; mu, tau) N(w; 0, 1):
     ybar_i ~ N(mu, sqrt(tau² + 0.01 + σ²)); within 4 Monte Carlo standard errors."""
-    if decenter is True:
-        guide, params = fitted
-    else:
-        guide = UHALocalGuide(hierarchy, K=3, decenter="learn", init_scale=1.0)
-        params = fit(hierarchy, guide)
+    guide, params = fitted
     mu, tau = 0.4, 0.6
     idx = jnp.asarray([1, 5, 8, 13, 17, 21])
     log_w = np.asarray(
@@ -196,8 +185,8 @@ def masked_gamma(ybar, batch):
 @pytest.mark.parametrize(
     "model, decenter, match",
     [
-        (hierarchy, "z", "decenter must be True, False, \"learn\" or a list"),
-        (hierarchy, 3, "decenter must be True, False, \"learn\" or a list"),
+        (hierarchy, "z", "decenter must be True, False or a list"),
+        (hierarchy, 3, "decenter must be True, False or a list"),
         (hierarchy, ["mu"], "not a latent site of the plate 'groups'"),
         (hierarchy, ["nope"], "not a latent site of the plate 'groups'"),
         (masked_gamma, ["g"], "only loc-scale families"),

@@ -107,18 +107,17 @@ def test_each_points_elbo_is_its_log_weight_with_the_jacobian():
     np.testing.assert_allclose(loss, -(N / BATCH) * float(jnp.sum(log_w)) - globals_, rtol=1e-5)
 
 
-def test_the_loss_with_latent_globals_is_the_global_terms_and_the_log_weights(fitted):
-    """With the globals latent (AutoNormal): Trace_ELBO's loss is exactly
-    -(log p(mu, tau) - log q(mu, tau)) - (N/B) Σ_i log w_i for the same draw."""
-    guide, params = fitted
+def _check_loss_is_global_terms_and_log_weights(model, guide, params, seed):
+    """Trace_ELBO's loss on the minibatch below is -(log p(mu, tau) - log q(mu, tau))
+    - (N/B) Σ_i log w_i for the same draw (the globals latent, AutoNormal)."""
     idx = jnp.asarray([0, 3, 7, 11, 19, 23])
     sub = {"groups": idx}
-    key = jax.random.PRNGKey(12)
+    key = jax.random.PRNGKey(seed)
     guide_key = jax.random.split(key)[1]  # Trace_ELBO seeds the guide with this
     seeded = handlers.seed(handlers.substitute(guide, data={**params, **sub}), guide_key)
     guide_trace = handlers.trace(seeded).get_trace(YBAR, BATCH)
     model_trace = handlers.trace(
-        handlers.replay(handlers.substitute(hierarchy, data=sub), guide_trace)
+        handlers.replay(handlers.substitute(model, data=sub), guide_trace)
     ).get_trace(YBAR, BATCH)
     global_terms = sum(
         float(model_trace[n]["fn"].log_prob(model_trace[n]["value"]))
@@ -130,12 +129,45 @@ def test_the_loss_with_latent_globals_is_the_global_terms_and_the_log_weights(fi
         guide_key,
     )()
     loss = Trace_ELBO().loss(
-        key, params, handlers.substitute(hierarchy, data=sub),
-        handlers.substitute(guide, data=sub), YBAR, BATCH,
+        key, params, handlers.substitute(model, data=sub), handlers.substitute(guide, data=sub),
+        YBAR, BATCH,
     )
     np.testing.assert_allclose(
         loss, -(N / BATCH) * float(jnp.sum(log_w)) - global_terms, rtol=1e-5
     )
+
+
+def test_the_loss_with_latent_globals_is_the_global_terms_and_the_log_weights(fitted):
+    """With the globals latent (AutoNormal): Trace_ELBO's loss is exactly
+    -(log p(mu, tau) - log q(mu, tau)) - (N/B) Σ_i log w_i for the same draw."""
+    guide, params = fitted
+    _check_loss_is_global_terms_and_log_weights(hierarchy, guide, params, 12)
+
+
+def _family_hierarchy(family):
+    def model(ybar, batch):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+        tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+        with numpyro.plate("groups", N, subsample_size=batch) as idx:
+            z = numpyro.sample("z", family(mu, tau))
+            numpyro.sample("ybar", dist.Normal(z, SIGMA), obs=ybar[idx])
+
+    return model
+
+
+@pytest.mark.parametrize(
+    "family",
+    [lambda m, s: dist.StudentT(4.0, m, s), dist.Laplace, dist.Cauchy, dist.Logistic],
+    ids=["StudentT", "Laplace", "Cauchy", "Logistic"],
+)
+def test_every_loc_scale_family_keeps_each_points_elbo_its_log_weight(family):
+    """The other loc-scale families (StudentT keeps its df): decentered, and Trace_ELBO's
+    loss is -(global terms) - (N/B) Σ_i log w_i draw by draw."""
+    model = _family_hierarchy(family)
+    guide = UHALocalGuide(model, K=2, decenter=True, init_scale=1.0)
+    params = fit(model, guide, steps=5)
+    assert guide.decentered_sites == ("z",)
+    _check_loss_is_global_terms_and_log_weights(model, guide, params, 13)
 
 
 def test_weights_are_unbiased_for_the_likelihood_given_the_globals(fitted):

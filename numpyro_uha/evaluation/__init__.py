@@ -30,7 +30,13 @@ from numpyro_uha.evaluation.estimators import (
     log_z,
     sandwich,
 )
-from numpyro_uha.evaluation.logz import LogZEstimate, guide_log_weights, log_z_from_weights
+from numpyro_uha.evaluation.logz import (
+    LogZEstimate,
+    MinibatchBound,
+    guide_log_weights,
+    log_z_from_weights,
+    minibatch_bound,
+)
 from numpyro_uha.evaluation.nuts import NUTSComparison, compare_with_nuts, plot_nuts_comparison
 
 __all__ = [
@@ -49,6 +55,7 @@ __all__ = [
     "LogZBracket",
     "LogZEstimate",
     "LogZSandwich",
+    "MinibatchBound",
     "annealed_hais",
     "annealed_log_z",
     "annealed_sandwich",
@@ -60,5 +67,6 @@ __all__ = [
     "log_z_bracket",
     "log_z_bracket_from_draws",
     "log_z_from_weights",
+    "minibatch_bound",
     "sandwich",
 ]

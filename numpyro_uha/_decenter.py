@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
@@ -92,7 +93,10 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
     unscaled (``scaled``: scaled ones too, e.g. a subsampled plate's N/B), and its loc or
     scale differs between the two traces.
     """
-    first, second = (_trace_at(model, args, kwargs, seed) for seed in (1, 2))
+    # eagerly where the values are concrete, also under jax.jit (the latents' values
+    # come from a fixed seed; only what the traced arguments feed stays traced)
+    with jax.ensure_compile_time_eval():
+        first, second = (_trace_at(model, args, kwargs, seed) for seed in (1, 2))
     names = []
     for name, site in first.items():
         if site["type"] != "sample" or site["is_observed"] or name not in second:
@@ -110,14 +114,20 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
         other = _unwrap(second[name]["fn"])
         if type(other) is not type(base):
             continue
-        moved = any(
-            np.shape(getattr(base, key)) != np.shape(getattr(other, key))
-            or not np.array_equal(np.asarray(getattr(base, key)), np.asarray(getattr(other, key)))
-            for key in ("loc", "scale")
-        )
+        moved = any(_differ(getattr(base, key), getattr(other, key)) for key in ("loc", "scale"))
         if moved:
             names.append(name)
     return names
+
+
+def _differ(a, b) -> bool:
+    """Whether two traced values of a loc or scale differ; one computed from an argument
+    that is itself traced (a model set up inside ``jax.jit``, the data an argument of the
+    jitted function) cannot be compared and counts as differing: non-centering such a
+    site is valid, only perhaps not needed."""
+    if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer):
+        return True
+    return np.shape(a) != np.shape(b) or not np.array_equal(np.asarray(a), np.asarray(b))
 
 
 def decentered_init(init_loc_fn):

@@ -98,8 +98,9 @@ def _positive_local(y):
         (conjugate_model, (X,), (N, B), {"per_data_point": True, "precondition": True}),
         (conjugate_model, (X,), (N, B), {"encoder": _encoder_fn}),
         (_positive_local, (jnp.arange(6.0),), (), {}),  # no global, a constrained local
+        (conjugate_model, (X,), (N, B), {"decenter": True}),  # sites found on traced data
     ],
-    ids=["minibatch", "per-data-point", "encoder", "no-global"],
+    ids=["minibatch", "per-data-point", "encoder", "no-global", "decentered"],
 )
 def test_svi_init_under_jit_is_the_eager_init(model, arrays, static, options):
     """``jax.jit(svi.init)``, as NumPyro's users write it (sizes closed over): the
@@ -113,6 +114,8 @@ def test_svi_init_under_jit_is_the_eager_init(model, arrays, static, options):
     eager_svi = SVI(model, eager_guide, optax.adam(1e-2), Trace_ELBO())
     eager = eager_svi.init(key, *arrays, *static)
     got, want = svi.get_params(traced), eager_svi.get_params(eager)
+    assert guide.decentered_sites == eager_guide.decentered_sites
+    assert guide.decentered_sites == (("z",) if options.get("decenter") else ())
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6, err_msg=name)

@@ -134,6 +134,17 @@ def test_the_evaluation_layer_reads_reference_draws_by_the_models_own_sites(fitt
     assert np.isfinite(bracket.lower) and np.isfinite(bracket.upper)
 
 
+def test_auto_finds_the_sites_under_a_jitted_svi_init():
+    """``jax.jit(svi.init)``, the data traced: the sites are found as eagerly (the traced
+    comparison of loc and scale raised TracerArrayConversionError), and training runs."""
+    guide = UHAGuide(groups, K=2, warm_start_steps=20)
+    svi = SVI(groups, guide, optax.adam(1e-2), Trace_ELBO())
+    state = jax.jit(svi.init)(jax.random.PRNGKey(0), Y)
+    assert guide.decentered_sites == ("theta",)
+    _, loss = jax.jit(svi.update)(state, Y)
+    assert np.isfinite(loss)
+
+
 def test_pickled_and_jitted_guides_draw_the_same(fitted_groups):
     guide, params = fitted_groups
     key = jax.random.PRNGKey(3)

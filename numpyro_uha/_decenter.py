@@ -105,11 +105,8 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
             continue
         if site.get("scale") is not None and not scaled:
             continue
-        support = site["fn"].support
-        if isinstance(support, constraints.independent):
-            support = support.base_constraint
-        base = _unwrap(site["fn"])
-        if type(base) not in LOC_SCALE_FAMILIES or support is not constraints.real:
+        base = real_loc_scale(site["fn"])
+        if base is None:
             continue
         other = _unwrap(second[name]["fn"])
         if type(other) is not type(base):
@@ -118,6 +115,25 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
         if moved:
             names.append(name)
     return names
+
+
+def real_loc_scale(fn):
+    """The loc-scale distribution inside ``fn`` (:data:`LOC_SCALE_FAMILIES`, unwrapped
+    from ``.expand``/``.to_event``) if ``fn`` has real support, else ``None``."""
+    support = fn.support
+    if isinstance(support, constraints.independent):
+        support = support.base_constraint
+    base = _unwrap(fn)
+    if type(base) not in LOC_SCALE_FAMILIES or support is not constraints.real:
+        return None
+    return base
+
+
+def written_name(name: str, decentered_sites) -> str:
+    """The model's own site for a guide's site: ``x`` for the non-centered
+    ``x_decentered`` of a site in ``decentered_sites``, the name itself otherwise."""
+    original = name[: -len(SUFFIX)]
+    return original if name.endswith(SUFFIX) and original in decentered_sites else name
 
 
 def _differ(a, b) -> bool:
@@ -195,4 +211,6 @@ __all__ = [
     "decentered_values",
     "emitted_log_density",
     "find_decenterable",
+    "real_loc_scale",
+    "written_name",
 ]

@@ -1071,8 +1071,7 @@ class UHAGuide(AutoContinuous):
     def _model_site(self, name) -> str:
         """The model's own site for one of the guide's latent sites: ``x`` for the
         non-centered ``x_decentered``, the name itself otherwise."""
-        original = name[: -len(_decenter.SUFFIX)]
-        return original if name.endswith(_decenter.SUFFIX) and original in self.decentered_sites else name
+        return _decenter.written_name(name, self.decentered_sites)
 
     def _resolve_decenter(self, args, kwargs) -> tuple:
         """The sites to run non-centered (see ``decenter``), before setup."""

@@ -449,13 +449,10 @@ class UHALocalGuide(AutoGuide):
                     f"UHALocalGuide: decenter names {n!r}, not a latent site of the plate "
                     f"'{plate}' (its latent sites: {sorted(local)})."
                 )
-            base = _decenter._unwrap(trace[n]["fn"])
-            support = trace[n]["fn"].support
-            if isinstance(support, constraints.independent):
-                support = support.base_constraint
-            if type(base) not in _decenter.LOC_SCALE_FAMILIES or support is not constraints.real:
+            if _decenter.real_loc_scale(trace[n]["fn"]) is None:
                 raise ValueError(
-                    f"UHALocalGuide: decenter site {n!r} has a {type(base).__name__} "
+                    f"UHALocalGuide: decenter site {n!r} has a "
+                    f"{type(_decenter._unwrap(trace[n]['fn'])).__name__} "
                     "distribution; only loc-scale families of real support "
                     f"({', '.join(f.__name__ for f in _decenter.LOC_SCALE_FAMILIES)}) can be "
                     "non-centered."
@@ -469,20 +466,13 @@ class UHALocalGuide(AutoGuide):
 
     def _written_site(self, name) -> str:
         """The model's own site for a local site of the guide: ``z`` for ``z_decentered``."""
-        original = name[: -len(_decenter.SUFFIX)]
-        if name.endswith(_decenter.SUFFIX) and original in self.decentered_sites:
-            return original
-        return name
+        return _decenter.written_name(name, self.decentered_sites)
 
-    def _written(self, values, args, kwargs, global_values, model_params, idx):
+    def _written(self, values, trace, num_rows):
         """The local sites as the model writes them (``z = loc + scale · z̃`` read from
-        the non-centered model) and each row's log |dz/dz̃| = Σ log scale."""
-        data = {**global_values, **values, **model_params, self._plate_name: idx}
-        with handlers.block():
-            trace = handlers.trace(
-                handlers.seed(handlers.substitute(self.model, data=data), 0)
-            ).get_trace(*args, **kwargs)
-        out, log_jacobian = {}, jnp.zeros(idx.shape[0], jnp.result_type(float))
+        ``trace``, the non-centered model's at ``values``) and each row's
+        log |dz/dz̃| = Σ log scale."""
+        out, log_jacobian = {}, jnp.zeros(num_rows, jnp.result_type(float))
         for n, value in values.items():
             written = self._written_site(n)
             if written == n:
@@ -490,7 +480,7 @@ class UHALocalGuide(AutoGuide):
                 continue
             out[written] = trace[written]["value"]
             log_scale = trace[n]["infer"][_decenter.LOG_SCALE]
-            log_jacobian = log_jacobian + self._per_row(log_scale, idx.shape[0])
+            log_jacobian = log_jacobian + self._per_row(log_scale, num_rows)
         return out, log_jacobian
 
     def _find_plate(self, trace):
@@ -847,15 +837,9 @@ class UHALocalGuide(AutoGuide):
             coords = coords | self._entry_rows(n, entries, rows.shape[0])
         return completion_log_density(rows, coords)
 
-    def _completed_parts(self, rows, values, args, kwargs, global_values, model_params, idx):
+    def _completed_parts(self, rows, trace):
         """(log |det J| without the completed entries, their completion density) per row,
-        for the guide's factor (``values``: the rows constrained); the masks from a trace
-        of this call's model."""
-        data = {**global_values, **values, **model_params, self._plate_name: idx}
-        with handlers.block():
-            trace = handlers.trace(handlers.substitute(self.model, data=data)).get_trace(
-                *args, **kwargs
-            )
+        for the guide's factor; the masks from ``trace``, this call's model at the rows."""
         left_out = self._left_out(trace, self._completed_sites)
         return self._constrain(rows, left_out)[1], self._completion(rows, left_out)
 
@@ -1299,18 +1283,21 @@ class UHALocalGuide(AutoGuide):
             is_diverged = diverged(log_weight, info.log_accept_ratio)
             rows = jnp.where(is_diverged[:, None], info.initial_position, rows)
         local_values, log_det = self._constrain(rows)
-        if getattr(self, "_completed_sites", ()):
+        completed = getattr(self, "_completed_sites", ())
+        if completed or self.decentered_sites:  # one trace of the model at the chains' ends
+            data = {**global_values, **local_values, **model_params, self._plate_name: idx}
+            with handlers.block():
+                trace = handlers.trace(
+                    handlers.seed(handlers.substitute(self.model, data=data), 0)
+                ).get_trace(*args, **kwargs)
+        if completed:
             # the model's trace leaves the completed entries out: the factor carries
             # their density and not their Jacobian, so each point's ELBO is its weight
-            log_det, completion = self._completed_parts(
-                rows, local_values, args, kwargs, global_values, model_params, idx
-            )
+            log_det, completion = self._completed_parts(rows, trace)
             log_det = log_det + completion
         if self.decentered_sites:
             # the model's own z: the guide's density of z is that of z̃ over |dz/dz̃|
-            local_values, log_jacobian = self._written(
-                local_values, args, kwargs, global_values, model_params, idx
-            )
+            local_values, log_jacobian = self._written(local_values, trace, idx.shape[0])
             log_det = log_det + log_jacobian
         return rows, log_weight, info, local_values, log_det, is_diverged
 

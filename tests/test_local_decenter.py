@@ -81,6 +81,24 @@ def test_the_guide_speaks_the_models_own_sites(fitted):
         np.testing.assert_allclose(again[name], draws[name], rtol=1e-5, atol=1e-6)
 
 
+SUB = {"groups": jnp.asarray([0, 3, 7, 11, 19, 23])}  # the minibatch of the identities
+
+
+def _loss_and_log_weights(model, guide, params, key):
+    """Trace_ELBO's loss at ``key`` on the minibatch ``SUB``, and the chains' log weights
+    of the same draw (Trace_ELBO seeds the guide with the second half of ``key``)."""
+    guide_key = jax.random.split(key)[1]
+    _, log_w, _ = handlers.seed(
+        handlers.substitute(lambda: guide._body((YBAR, BATCH), {}), data={**params, **SUB}),
+        guide_key,
+    )()
+    loss = Trace_ELBO().loss(
+        key, params, handlers.substitute(model, data=SUB), handlers.substitute(guide, data=SUB),
+        YBAR, BATCH,
+    )
+    return loss, log_w
+
+
 def test_each_points_elbo_is_its_log_weight_with_the_jacobian():
     """Trace_ELBO's loss on the model as written (centered z) is exactly -(N/B) Σ_i log w_i
     of the non-centered chains, plus the conditioned globals' prior terms: the guide's
@@ -91,47 +109,27 @@ def test_each_points_elbo_is_its_log_weight_with_the_jacobian():
     guide = UHALocalGuide(model, K=3, decenter=["z"])
     params = fit(model, guide, steps=20)
     assert guide.decentered_sites == ("z",)
-    idx = jnp.asarray([0, 3, 7, 11, 19, 23])
-    sub = {"groups": idx}
-    key = jax.random.PRNGKey(11)
-    guide_key = jax.random.split(key)[1]  # Trace_ELBO seeds the guide with this
-    _, log_w, _ = handlers.seed(
-        handlers.substitute(lambda: guide._body((YBAR, BATCH), {}), data={**params, **sub}),
-        guide_key,
-    )()
-    loss = Trace_ELBO().loss(
-        key, params, handlers.substitute(model, data=sub), handlers.substitute(guide, data=sub),
-        YBAR, BATCH,
-    )
+    loss, log_w = _loss_and_log_weights(model, guide, params, jax.random.PRNGKey(11))
     globals_ = float(norm.logpdf(mu, 0.0, 3.0) + np.log(2.0) + norm.logpdf(tau, 0.0, 2.0))
     np.testing.assert_allclose(loss, -(N / BATCH) * float(jnp.sum(log_w)) - globals_, rtol=1e-5)
 
 
 def _check_loss_is_global_terms_and_log_weights(model, guide, params, seed):
-    """Trace_ELBO's loss on the minibatch below is -(log p(mu, tau) - log q(mu, tau))
+    """Trace_ELBO's loss on the minibatch ``SUB`` is -(log p(mu, tau) - log q(mu, tau))
     - (N/B) Σ_i log w_i for the same draw (the globals latent, AutoNormal)."""
-    idx = jnp.asarray([0, 3, 7, 11, 19, 23])
-    sub = {"groups": idx}
     key = jax.random.PRNGKey(seed)
     guide_key = jax.random.split(key)[1]  # Trace_ELBO seeds the guide with this
-    seeded = handlers.seed(handlers.substitute(guide, data={**params, **sub}), guide_key)
+    seeded = handlers.seed(handlers.substitute(guide, data={**params, **SUB}), guide_key)
     guide_trace = handlers.trace(seeded).get_trace(YBAR, BATCH)
     model_trace = handlers.trace(
-        handlers.replay(handlers.substitute(model, data=sub), guide_trace)
+        handlers.replay(handlers.substitute(model, data=SUB), guide_trace)
     ).get_trace(YBAR, BATCH)
     global_terms = sum(
         float(model_trace[n]["fn"].log_prob(model_trace[n]["value"]))
         - float(guide_trace[n]["fn"].log_prob(guide_trace[n]["value"]))
         for n in ("mu", "tau")
     )
-    _, log_w, _ = handlers.seed(
-        handlers.substitute(lambda: guide._body((YBAR, BATCH), {}), data={**params, **sub}),
-        guide_key,
-    )()
-    loss = Trace_ELBO().loss(
-        key, params, handlers.substitute(model, data=sub), handlers.substitute(guide, data=sub),
-        YBAR, BATCH,
-    )
+    loss, log_w = _loss_and_log_weights(model, guide, params, key)
     np.testing.assert_allclose(
         loss, -(N / BATCH) * float(jnp.sum(log_w)) - global_terms, rtol=1e-5
     )

@@ -33,14 +33,21 @@ from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.reparam import Reparam
 
-#: loc-scale families decentered, with the extra parameters each keeps unchanged
+#: families decentered, with the extra parameters each keeps unchanged: the scalar
+#: loc-scale families (``x = loc + scale · x̃``) and the multivariate ones with a
+#: lower-triangular scale (``x = loc + scale_tril @ x̃``: correlated group effects
+#: under an LKJ prior)
 LOC_SCALE_FAMILIES = {
     dist.Normal: (),
     dist.StudentT: ("df",),
     dist.Cauchy: (),
     dist.Laplace: (),
     dist.Logistic: (),
+    dist.MultivariateNormal: (),
+    dist.MultivariateStudentT: ("df",),
 }
+#: the families whose scale is a lower-triangular matrix
+_TRIANGULAR = (dist.MultivariateNormal, dist.MultivariateStudentT)
 #: suffix of the standardized site that replaces a decentered site ``x``
 SUFFIX = "_decentered"
 #: key of the standardized site's ``infer`` dict holding log scale (elementwise)
@@ -60,17 +67,57 @@ class Decenter(Reparam):
             return fn, obs  # an observed site stays as it is
         shape = fn.shape()
         base, expand_shape, event_dim = self._unwrap(fn)
-        kept = {key: getattr(base, key) for key in LOC_SCALE_FAMILIES[type(base)]}
-        standard = self._wrap(
-            type(base)(loc=jnp.zeros_like(base.loc), scale=jnp.ones_like(base.scale), **kept),
-            expand_shape, event_dim,
-        )
-        log_scale = jnp.broadcast_to(jnp.log(base.scale), shape)
+        standard = self._wrap(_standard(base), expand_shape, event_dim)
+        log_scale = jnp.broadcast_to(_log_scale(base), shape)
         noise = numpyro.sample(
-            name + SUFFIX, standard,
-            infer={LOG_SCALE: log_scale, WRITTEN: (base.loc, base.scale, fn)},
+            name + SUFFIX, standard, infer={LOG_SCALE: log_scale, WRITTEN: (base, fn)},
         )
-        return None, base.loc + base.scale * noise
+        return None, from_standard(base, noise)
+
+
+def _loc(base):
+    """loc broadcast to the distribution's batch and event shape."""
+    return jnp.broadcast_to(base.loc, base.batch_shape + base.event_shape)
+
+
+def _standard(base):
+    """The family at loc 0 and unit scale, with ``base``'s shapes and kept parameters."""
+    kept = {key: getattr(base, key) for key in LOC_SCALE_FAMILIES[type(base)]}
+    zeros = jnp.zeros_like(_loc(base))
+    if isinstance(base, dist.MultivariateNormal):
+        return dist.Normal(zeros, 1.0).to_event(1)
+    if isinstance(base, dist.MultivariateStudentT):
+        eye = jnp.broadcast_to(jnp.eye(zeros.shape[-1], dtype=zeros.dtype), jnp.shape(base.scale_tril))
+        return dist.MultivariateStudentT(loc=zeros, scale_tril=eye, **kept)
+    return type(base)(loc=zeros, scale=jnp.ones_like(base.scale), **kept)
+
+
+def from_standard(base, noise):
+    """x = loc + scale · x̃ (``scale_tril @ x̃`` for a multivariate family)."""
+    if isinstance(base, _TRIANGULAR):
+        return _loc(base) + jnp.einsum("...ij,...j->...i", base.scale_tril, noise)
+    return base.loc + base.scale * noise
+
+
+def to_standard(base, value):
+    """x̃ = (x − loc) / scale (``scale_tril⁻¹ (x − loc)`` for a multivariate family)."""
+    if isinstance(base, _TRIANGULAR):
+        centred = value - _loc(base)
+        scale_tril = jnp.broadcast_to(base.scale_tril, centred.shape + centred.shape[-1:])
+        return jax.scipy.linalg.solve_triangular(scale_tril, centred[..., None], lower=True)[..., 0]
+    return (value - base.loc) / base.scale
+
+
+def _log_scale(base):
+    """log |dx/dx̃| per element: log scale, or log of ``scale_tril``'s diagonal (the
+    entries of x sum to log |det scale_tril|)."""
+    if isinstance(base, _TRIANGULAR):
+        return jnp.log(jnp.diagonal(base.scale_tril, axis1=-2, axis2=-1))
+    return jnp.log(base.scale)
+
+
+def _moving_parameters(base):
+    return ("loc", "scale_tril") if isinstance(base, _TRIANGULAR) else ("loc", "scale")
 
 
 def _unwrap(fn):
@@ -111,7 +158,7 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
         other = _unwrap(second[name]["fn"])
         if type(other) is not type(base):
             continue
-        moved = any(_differ(getattr(base, key), getattr(other, key)) for key in ("loc", "scale"))
+        moved = any(_differ(getattr(base, key), getattr(other, key)) for key in _moving_parameters(base))
         if moved:
             names.append(name)
     return names
@@ -121,7 +168,7 @@ def real_loc_scale(fn):
     """The loc-scale distribution inside ``fn`` (:data:`LOC_SCALE_FAMILIES`, unwrapped
     from ``.expand``/``.to_event``) if ``fn`` has real support, else ``None``."""
     support = fn.support
-    if isinstance(support, constraints.independent):
+    while isinstance(support, constraints.independent):
         support = support.base_constraint
     base = _unwrap(fn)
     if type(base) not in LOC_SCALE_FAMILIES or support is not constraints.real:
@@ -167,11 +214,11 @@ def _init_as_written(site=None, init_loc_fn=None):
     written = site.get("infer", {}).get(WRITTEN) if site.get("type") == "sample" else None
     if written is None:
         return init_loc_fn(site)
-    loc, scale, fn = written
+    base, fn = written
     value = init_loc_fn(dict(site, name=site["name"][: -len(SUFFIX)], fn=fn))
     if value is None:
         return init_loc_fn(site)
-    return (value - loc) / scale
+    return to_standard(base, value)
 
 
 def decentered_model(model, names):
@@ -188,8 +235,7 @@ def decentered_values(model, args, kwargs, values, names):
         model_trace = handlers.trace(traced).get_trace(*args, **kwargs)
     out = {k: v for k, v in values.items() if k not in names}
     for name in names:
-        base = _unwrap(model_trace[name]["fn"])
-        out[name + SUFFIX] = (values[name] - base.loc) / base.scale
+        out[name + SUFFIX] = to_standard(_unwrap(model_trace[name]["fn"]), values[name])
     return out
 
 
@@ -211,6 +257,8 @@ __all__ = [
     "decentered_values",
     "emitted_log_density",
     "find_decenterable",
+    "from_standard",
     "real_loc_scale",
+    "to_standard",
     "written_name",
 ]

@@ -393,7 +393,9 @@ class UHAGuide(AutoContinuous):
             default): every latent site ``x ~ Normal(loc, scale)`` (or StudentT, Cauchy,
             Laplace, Logistic) whose loc or scale depends on other latent variables is
             run as ``x = loc + scale · x̃``, ``x̃ ~ Normal(0, 1)`` (a funnel becomes a
-            Gaussian where the data say little about ``x``); the guide still emits and
+            Gaussian where the data say little about ``x``), and a MultivariateNormal or
+            MultivariateStudentT one as ``x = loc + scale_tril · x̃`` (correlated group
+            effects; a latent Gaussian process, whitened); the guide still emits and
             returns ``x``, and the bound stays exact (the Jacobian is in the guide's log
             density). Where the data say much about each ``x`` the model's own
             coordinates fit better, so with a warm start both are warm-started from the

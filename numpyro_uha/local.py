@@ -46,6 +46,7 @@ from numpyro.distributions.transforms import biject_to
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_median
 import numpyro.distributions as dist
+from numpyro.distributions.util import sum_rightmost
 
 from numpyro_uha import _decenter
 from numpyro_uha._keywords import check_model_keywords
@@ -174,7 +175,8 @@ class UHALocalGuide(AutoGuide):
             StudentT, Cauchy, Laplace, Logistic) whose loc or scale depends on other
             latent variables (the globals: a centered hierarchy) is run as
             ``z = loc + scale · z̃``, ``z̃ ~ Normal(0, 1)``, so each q_i (on z̃) follows
-            the globals. A list of local site names: those sites. The guide still emits
+            the globals; a MultivariateNormal or MultivariateStudentT one as
+            ``z = loc + scale_tril · z̃``. A list of local site names: those sites. The guide still emits
             and returns ``z`` (its Jacobian is in the guide's density, so the bound stays
             exact); q's parameters, the encoder's output and :meth:`get_logdensity_fn`'s
             rows are in z̃. Where each data point's latents are weakly informed, the
@@ -479,7 +481,7 @@ class UHALocalGuide(AutoGuide):
                 out[n] = value
                 continue
             out[written] = trace[written]["value"]
-            log_scale = trace[n]["infer"][_decenter.LOG_SCALE]
+            log_scale = sum_rightmost(trace[n]["infer"][_decenter.LOG_SCALE], trace[n]["fn"].event_dim)
             log_jacobian = log_jacobian + self._per_row(log_scale, num_rows)
         return out, log_jacobian
 

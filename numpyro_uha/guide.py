@@ -1179,6 +1179,19 @@ class UHAGuide(AutoContinuous):
             n for n in bad
             if model_trace[n].get("is_observed") and not isinstance(model_trace[n]["fn"], dist.Unit)
         ]
+        data = self._nonfinite_data_sites(args, kwargs)
+        if data:
+            return (
+                "UHAGuide: the model's log density is not finite at any initial point "
+                "because the data are not: observed site(s) "
+                + ", ".join(
+                    f"'{n}' (NaN or inf at flat index {i[:10].tolist()}"
+                    f"{' ...' if i.size > 10 else ''})" for n, i in data.items()
+                )
+                + ". Drop those entries, or mark them missing with obs_mask= on the site "
+                "(NumPyro then imputes them, as the latent site '<name>_unobserved'), or "
+                "replace them by finite values and mask them out (numpyro.handlers.mask)."
+            )
         bound = (
             " Only observed sites are: if the data rule out part of a latent site's "
             "declared support (observations y ~ Uniform(0, theta) rule out theta below "

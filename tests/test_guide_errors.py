@@ -281,6 +281,17 @@ def test_nan_data_at_draw_time_names_the_site_not_the_dynamics(initialized):
                                sample_shape=(8,))
 
 
+
+@pytest.mark.filterwarnings("ignore:.*Out-of-support")
+@pytest.mark.parametrize("kwargs", WARM_STARTS)
+def test_nan_data_at_set_up_names_the_site_and_the_entry(kwargs):
+    """A NaN in the data at set-up: no initial point is finite, and the error says the
+    data are why (naming the site and the entry), not the model or init_loc_fn."""
+    guide = UHAGuide(normal_model, K=2, **kwargs)
+    with pytest.raises(ValueError, match=r"because the data are not: observed site\(s\) "
+                       r"'y' \(NaN or inf at flat index \[2\]\).*obs_mask"):
+        svi_for(normal_model, guide).init(jax.random.PRNGKey(0), Y.at[2].set(jnp.nan))
+
 def basis_model(x, y, n_basis):
     beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([n_basis]).to_event(1))
     features = jnp.stack([x**j for j in range(n_basis)], -1)

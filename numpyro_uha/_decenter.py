@@ -87,7 +87,8 @@ def _standard(base):
     if isinstance(base, dist.MultivariateNormal):
         return dist.Normal(zeros, 1.0).to_event(1)
     if isinstance(base, dist.MultivariateStudentT):
-        eye = jnp.broadcast_to(jnp.eye(zeros.shape[-1], dtype=zeros.dtype), jnp.shape(base.scale_tril))
+        eye = jnp.eye(zeros.shape[-1], dtype=zeros.dtype)
+        eye = jnp.broadcast_to(eye, jnp.shape(base.scale_tril))
         return dist.MultivariateStudentT(loc=zeros, scale_tril=eye, **kept)
     return type(base)(loc=zeros, scale=jnp.ones_like(base.scale), **kept)
 
@@ -158,7 +159,9 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
         other = _unwrap(second[name]["fn"])
         if type(other) is not type(base):
             continue
-        moved = any(_differ(getattr(base, key), getattr(other, key)) for key in _moving_parameters(base))
+        moved = any(
+            _differ(getattr(base, key), getattr(other, key)) for key in _moving_parameters(base)
+        )
         if moved:
             names.append(name)
     return names

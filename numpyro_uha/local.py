@@ -176,10 +176,10 @@ class UHALocalGuide(AutoGuide):
             latent variables (the globals: a centered hierarchy) is run as
             ``z = loc + scale · z̃``, ``z̃ ~ Normal(0, 1)``, so each q_i (on z̃) follows
             the globals; a MultivariateNormal or MultivariateStudentT one as
-            ``z = loc + scale_tril · z̃``. A list of local site names: those sites. The guide still emits
-            and returns ``z`` (its Jacobian is in the guide's density, so the bound stays
-            exact); q's parameters, the encoder's output and :meth:`get_logdensity_fn`'s
-            rows are in z̃. Where each data point's latents are weakly informed, the
+            ``z = loc + scale_tril · z̃``. A list of local site names: those sites. The
+            guide still emits and returns ``z`` (its Jacobian is in the guide's density,
+            so the bound stays exact); q's parameters, the encoder's output and
+            :meth:`get_logdensity_fn`'s rows are in z̃. Where each data point's latents are weakly informed, the
             global guide's spread is then right where the centered one's is several
             times too small; where they are well informed, the model's own coordinates
             fit better and ``True`` can be far off (a Poisson mixed model's group sd
@@ -481,7 +481,9 @@ class UHALocalGuide(AutoGuide):
                 out[n] = value
                 continue
             out[written] = trace[written]["value"]
-            log_scale = sum_rightmost(trace[n]["infer"][_decenter.LOG_SCALE], trace[n]["fn"].event_dim)
+            log_scale = sum_rightmost(  # over the site's event, then the rows
+                trace[n]["infer"][_decenter.LOG_SCALE], trace[n]["fn"].event_dim
+            )
             log_jacobian = log_jacobian + self._per_row(log_scale, num_rows)
         return out, log_jacobian
 

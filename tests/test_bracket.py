@@ -113,6 +113,32 @@ def test_non_finite_log_density_is_reported():
         log_z_bracket_from_draws(jax.random.PRNGKey(0), lambda z: jnp.log(z[0]), draws, num_q_draws=10)
 
 
+
+def test_draws_outside_the_support_count_as_zero_weight():
+    """A target that is 0 off its support (two half-normals times c: log p̄ = -inf where
+    a coordinate is negative, as when the data bound a parameter): q̂, fitted to its
+    draws, puts about 17 % of its draws outside. They are exact zero weights: the lower
+    end stays unbiased for log Z = log c (dropping them instead would lift it by about
+    0.19), and q̂'s ELBO is over the draws inside."""
+    log_c = 1.3
+
+    def logdensity_fn(z):
+        inside = jnp.all(z >= 0.0)
+        log_p = log_c + jnp.sum(jax.scipy.stats.norm.logpdf(z) + jnp.log(2.0))
+        return jnp.where(inside, log_p, -jnp.inf)
+
+    draws = np.abs(np.random.default_rng(5).normal(size=(8000, 2)))
+    b = log_z_bracket_from_draws(jax.random.PRNGKey(2), logdensity_fn, draws, num_q_draws=20000)
+    assert 0.1 * 20000 < b.num_zero_density < 0.25 * 20000
+    assert abs(b.lower - log_c) < 4 * b.lower_se + 2e-3
+    assert b.lower - 4 * b.lower_se <= log_c <= b.upper + 4 * b.upper_se
+    assert np.isfinite(b.q_elbo)  # over the draws inside (not a bound then)
+    assert "outside" in str(b)
+    # NaN from q̂'s draws is still a failure, not a zero
+    nan_outside = lambda z: jnp.where(jnp.all(z >= 0.0), logdensity_fn(z), jnp.nan)  # noqa: E731
+    with pytest.raises(FloatingPointError, match="NaN or infinite at .* draw.*from the Gaussian"):
+        log_z_bracket_from_draws(jax.random.PRNGKey(2), nan_outside, draws, num_q_draws=2000)
+
 def test_upper_end_stays_above_log_z_with_few_draws():
     # With N draws close to the number of Gaussian parameters (d = 10: 65), a Gaussian
     # scored on the draws it was fitted to pulls the EUBO below log Z by about 65 / (2N);

@@ -56,6 +56,10 @@ class LogZBracket(NamedTuple):
         num_q_draws: draws from q̂.
         num_posterior_draws: posterior draws used.
         upper_ess: effective sample size behind ``upper_se``.
+        num_zero_density: draws from q̂ where the log density is -inf (outside the
+            posterior's support, e.g. below a bound the data set): they count as weight 0
+            in ``lower`` (exact: p̄ is 0 there) and ``q_elbo`` is over the other draws
+            (q̂'s own ELBO is then -inf).
     """
 
     lower: float
@@ -68,6 +72,7 @@ class LogZBracket(NamedTuple):
     num_q_draws: int
     num_posterior_draws: int
     upper_ess: float
+    num_zero_density: int = 0
 
     @property
     def width(self) -> float:
@@ -80,6 +85,8 @@ class LogZBracket(NamedTuple):
             f"{self.upper_se:.4f}] (Gaussian fitted to {self.num_posterior_draws} posterior "
             f"draws: IW over {self.num_q_draws} draws, ESS {self.q_ess:.0f}; EUBO); "
             f"ELBO of the Gaussian {self.q_elbo:.4f} ± {self.q_elbo_se:.4f}"
+            + (f" over its draws inside the support ({self.num_zero_density} outside)"
+               if self.num_zero_density else "")
         )
 
 
@@ -128,7 +135,9 @@ def log_z_bracket_from_draws(
     Raises:
         ValueError: on a bad shape, too few draws, non-finite positions, or counts that
             are not positive integers.
-        FloatingPointError: if the log density is NaN or infinite at a draw.
+        FloatingPointError: if the log density is NaN or infinite at a posterior draw, or
+            NaN or +inf at a draw from q̂ (-inf there is a weight 0:
+            ``num_zero_density``).
     """
 
     @jax.jit
@@ -188,11 +197,11 @@ def _bracket(rng_key, log_ratio, posterior_positions, *, num_chains, num_q_draws
         check(out)
         return out
 
-    def check(out):
+    def check(out, where="posterior draw(s)"):
         if not np.all(np.isfinite(out)):
             raise FloatingPointError(
                 "log_z_bracket: the log density is NaN or infinite at "
-                f"{int(np.sum(~np.isfinite(out)))} draw(s)."
+                f"{int(np.sum(~np.isfinite(out)))} {where}."
             )
 
     # Upper end: the EUBO, cross-fitted. A Gaussian fitted to the same draws it is scored
@@ -224,8 +233,16 @@ def _bracket(rng_key, log_ratio, posterior_positions, *, num_chains, num_q_draws
         np.asarray(log_ratio(_draw(keys[c], gaussian, width), gaussian), np.float64)
         for c in range(num_chunks)
     ])[:num_q_draws]
-    check(log_w)
-    shift = log_w.max()
+    # -inf: q̂ reaches outside the posterior's support (p̄ = 0 there), an exact weight 0;
+    # NaN or +inf is a failure of the log density
+    zero = np.isneginf(log_w)
+    check(log_w[~zero], "draw(s) from the Gaussian fitted to the posterior draws")
+    if zero.all():
+        raise FloatingPointError(
+            "log_z_bracket: the log density is -inf at every draw from the Gaussian fitted "
+            "to the posterior draws."
+        )
+    shift = log_w[~zero].max()
     w = np.exp(log_w - shift)
     lower = float(shift + math.log(w.mean()))
     lower_se = float(w.std(ddof=1) / math.sqrt(num_q_draws) / w.mean())
@@ -234,12 +251,13 @@ def _bracket(rng_key, log_ratio, posterior_positions, *, num_chains, num_q_draws
         lower_se=lower_se,
         upper=upper,
         upper_se=upper_se,
-        q_elbo=float(log_w.mean()),
-        q_elbo_se=float(log_w.std(ddof=1) / math.sqrt(num_q_draws)),
+        q_elbo=float(log_w[~zero].mean()),
+        q_elbo_se=float(log_w[~zero].std(ddof=1) / math.sqrt(max(int((~zero).sum()), 1))),
         q_ess=float(w.sum() ** 2 / np.sum(w**2)),
         num_q_draws=num_q_draws,
         num_posterior_draws=n,
         upper_ess=upper_ess,
+        num_zero_density=int(zero.sum()),
     )
 
 

@@ -1169,6 +1169,15 @@ class UHAGuide(AutoContinuous):
     def _describe_bad_initial_point(self, args, kwargs):
         """Name the sites whose log probability is not finite at an initial point."""
         model_trace = self._trace_at_init(self.model, args, kwargs)
+        data = _nonfinite_data_in(model_trace)
+        if data:
+            return (
+                "UHAGuide: the model's log density is not finite at any initial point "
+                f"because the data are not: {_name_nonfinite_data(data)}"
+                ". Drop those entries, or mark them missing with obs_mask= on the site "
+                "(NumPyro then imputes them, as the latent site '<name>_unobserved'), or "
+                "replace them by finite values and mask them out (numpyro.handlers.mask)."
+            )
         bad = [
             name
             for name, site in model_trace.items()
@@ -1179,19 +1188,6 @@ class UHAGuide(AutoContinuous):
             n for n in bad
             if model_trace[n].get("is_observed") and not isinstance(model_trace[n]["fn"], dist.Unit)
         ]
-        data = self._nonfinite_data_sites(args, kwargs)
-        if data:
-            return (
-                "UHAGuide: the model's log density is not finite at any initial point "
-                "because the data are not: observed site(s) "
-                + ", ".join(
-                    f"'{n}' (NaN or inf at flat index {i[:10].tolist()}"
-                    f"{' ...' if i.size > 10 else ''})" for n, i in data.items()
-                )
-                + ". Drop those entries, or mark them missing with obs_mask= on the site "
-                "(NumPyro then imputes them, as the latent site '<name>_unobserved'), or "
-                "replace them by finite values and mask them out (numpyro.handlers.mask)."
-            )
         bound = (
             " Only observed sites are: if the data rule out part of a latent site's "
             "declared support (observations y ~ Uniform(0, theta) rule out theta below "
@@ -1315,12 +1311,7 @@ class UHAGuide(AutoContinuous):
             model_trace = self._trace_at_init(self.model, args, kwargs)
         except Exception:  # noqa: BLE001 - only a diagnosis
             return {}
-        bad = {}
-        for name, site in model_trace.items():
-            nonfinite = _nonfinite_observed(site)
-            if nonfinite is not None and nonfinite.any():
-                bad[name] = np.flatnonzero(nonfinite)
-        return bad
+        return _nonfinite_data_in(model_trace)
 
     def get_logdensity_fn(self, params, *args, **kwargs):
         """z ↦ log p̄(z): the model's log joint in unconstrained space, Jacobians included.
@@ -1870,12 +1861,8 @@ class UHAGuide(AutoContinuous):
                 if data:
                     raise ValueError(
                         f"UHAGuide: {bad} of {num_draws} draws have a non-finite log weight "
-                        "because the data are not finite: observed site(s) "
-                        + ", ".join(
-                            f"'{n}' (NaN or inf at flat index {i[:10].tolist()}"
-                            f"{' ...' if i.size > 10 else ''})" for n, i in data.items()
-                        )
-                        + ". Drop those entries, or replace them by finite values and mask "
+                        f"because the data are not finite: {_name_nonfinite_data(data)}"
+                        ". Drop those entries, or replace them by finite values and mask "
                         "them out (numpyro.handlers.mask or obs_mask)."
                     )
                 draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
@@ -2634,6 +2621,26 @@ def _join(chunks, num_draws):
     """The chunks' draws end to end, the padding dropped (one program per chunk count
     and ``num_draws``)."""
     return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:num_draws], *chunks)
+
+
+def _nonfinite_data_in(model_trace) -> dict:
+    """``{site: flat indices over its batch shape}`` of the observed sites of
+    ``model_trace`` holding NaN or inf not masked out (see :func:`_nonfinite_observed`)."""
+    bad = {}
+    for name, site in model_trace.items():
+        nonfinite = _nonfinite_observed(site)
+        if nonfinite is not None and nonfinite.any():
+            bad[name] = np.flatnonzero(nonfinite)
+    return bad
+
+
+def _name_nonfinite_data(data) -> str:
+    """"observed site(s) 'y' (NaN or inf at flat index [3])" for :func:`_nonfinite_data_in`'s
+    answer (the first ten indices of each site)."""
+    return "observed site(s) " + ", ".join(
+        f"'{n}' (NaN or inf at flat index {i[:10].tolist()}{' ...' if i.size > 10 else ''})"
+        for n, i in data.items()
+    )
 
 
 def _nonfinite_observed(site):

@@ -132,8 +132,8 @@ def main(argv=None):
 
     def table(mode):
         base = rows[mode][0]
-        text = (f"| devices | particles | draws | SVI step (ms) | step speed-up | step efficiency | "
-                f"draws (s) | draws speed-up | draws efficiency |\n|---|---|---|---|---|---|---|---|---|\n")
+        text = ("| devices | particles | draws | SVI step (ms) | step speed-up | step efficiency | "
+                "draws (s) | draws speed-up | draws efficiency |\n|---|---|---|---|---|---|---|---|---|\n")
         for r in rows[mode]:
             n = r["num_devices"] / base["num_devices"]
             if mode == "strong":

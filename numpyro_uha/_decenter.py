@@ -34,9 +34,10 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.reparam import Reparam
 
 #: families decentered, with the extra parameters each keeps unchanged: the scalar
-#: loc-scale families (``x = loc + scale · x̃``) and the multivariate ones with a
+#: loc-scale families (``x = loc + scale · x̃``), the multivariate ones with a
 #: lower-triangular scale (``x = loc + scale_tril @ x̃``: correlated group effects
-#: under an LKJ prior)
+#: under an LKJ prior) and the Gaussian random walk (``x = scale · cumsum(x̃)``: a
+#: latent path under a latent step size, as in stochastic volatility)
 LOC_SCALE_FAMILIES = {
     dist.Normal: (),
     dist.StudentT: ("df",),
@@ -45,7 +46,14 @@ LOC_SCALE_FAMILIES = {
     dist.Logistic: (),
     dist.MultivariateNormal: (),
     dist.MultivariateStudentT: ("df",),
+    dist.GaussianRandomWalk: (),
 }
+#: families non-centered only where named (``decenter=["x"]``), never found by
+#: ``decenter="auto"``: a random walk's non-centered steps make its banded posterior dense,
+#: which a diagonal q fits worse (on NumPyro's stochastic-volatility model and the
+#: Brownian motion of ``numpyro_uha.models`` their warm start began 35 to 78 nats lower in
+#: three of four fits, and the one fit that kept them ended lower; docs/how-to/decenter.md)
+NOT_AUTOMATIC = (dist.GaussianRandomWalk,)
 #: the families whose scale is a lower-triangular matrix
 _TRIANGULAR = (dist.MultivariateNormal, dist.MultivariateStudentT)
 #: suffix of the standardized site that replaces a decentered site ``x``
@@ -80,8 +88,16 @@ def _loc(base):
     return jnp.broadcast_to(base.loc, base.batch_shape + base.event_shape)
 
 
+def _walk_scale(base):
+    """A random walk's step scale, broadcast against its path (one per step)."""
+    return jnp.expand_dims(jnp.asarray(base.scale), -1)
+
+
 def _standard(base):
-    """The family at loc 0 and unit scale, with ``base``'s shapes and kept parameters."""
+    """The family at loc 0 and unit scale, with ``base``'s shapes and kept parameters
+    (a random walk's: its independent standard normal steps)."""
+    if isinstance(base, dist.GaussianRandomWalk):
+        return dist.Normal(jnp.zeros(base.batch_shape + base.event_shape), 1.0).to_event(1)
     kept = {key: getattr(base, key) for key in LOC_SCALE_FAMILIES[type(base)]}
     zeros = jnp.zeros_like(_loc(base))
     if isinstance(base, dist.MultivariateNormal):
@@ -94,14 +110,21 @@ def _standard(base):
 
 
 def from_standard(base, noise):
-    """x = loc + scale · x̃ (``scale_tril @ x̃`` for a multivariate family)."""
+    """x = loc + scale · x̃ (``scale_tril @ x̃`` for a multivariate family; a random walk's
+    path ``scale · cumsum(x̃)`` from its standardized steps)."""
+    if isinstance(base, dist.GaussianRandomWalk):
+        return _walk_scale(base) * jnp.cumsum(noise, axis=-1)
     if isinstance(base, _TRIANGULAR):
         return _loc(base) + jnp.einsum("...ij,...j->...i", base.scale_tril, noise)
     return base.loc + base.scale * noise
 
 
 def to_standard(base, value):
-    """x̃ = (x − loc) / scale (``scale_tril⁻¹ (x − loc)`` for a multivariate family)."""
+    """x̃ = (x − loc) / scale (``scale_tril⁻¹ (x − loc)`` for a multivariate family; a
+    random walk's steps over its scale)."""
+    if isinstance(base, dist.GaussianRandomWalk):
+        value = jnp.asarray(value)
+        return jnp.diff(value, axis=-1, prepend=jnp.zeros_like(value[..., :1])) / _walk_scale(base)
     if isinstance(base, _TRIANGULAR):
         centred = value - _loc(base)
         scale_tril = jnp.broadcast_to(base.scale_tril, centred.shape + centred.shape[-1:])
@@ -111,13 +134,18 @@ def to_standard(base, value):
 
 def _log_scale(base):
     """log |dx/dx̃| per element: log scale, or log of ``scale_tril``'s diagonal (the
-    entries of x sum to log |det scale_tril|)."""
+    entries of x sum to log |det scale_tril|; a random walk's log scale at every step,
+    the cumulative sum's determinant being 1)."""
+    if isinstance(base, dist.GaussianRandomWalk):
+        return jnp.broadcast_to(jnp.log(_walk_scale(base)), base.batch_shape + base.event_shape)
     if isinstance(base, _TRIANGULAR):
         return jnp.log(jnp.diagonal(base.scale_tril, axis1=-2, axis2=-1))
     return jnp.log(base.scale)
 
 
 def _moving_parameters(base):
+    if isinstance(base, dist.GaussianRandomWalk):
+        return ("scale",)
     return ("loc", "scale_tril") if isinstance(base, _TRIANGULAR) else ("loc", "scale")
 
 
@@ -133,7 +161,8 @@ def _trace_at(model, args, kwargs, seed):
 
 
 def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
-    """Latent loc-scale sites whose loc or scale depends on other latent variables.
+    """Latent loc-scale sites whose loc or scale depends on other latent variables
+    (random walks excepted: :data:`NOT_AUTOMATIC`).
 
     The model is traced at two random points of its unconstrained latent space (NumPyro's
     ``init_to_uniform``, as its autoguides initialize; improper priors included): a site
@@ -154,7 +183,7 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
         if site.get("scale") is not None and not scaled:
             continue
         base = real_loc_scale(site["fn"])
-        if base is None:
+        if base is None or isinstance(base, NOT_AUTOMATIC):
             continue
         other = _unwrap(second[name]["fn"])
         if type(other) is not type(base):

@@ -240,20 +240,106 @@ def _is_tracer(tree) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
-def _split_static(tree):
-    """Separate array leaves (traced by jit) from Python scalars/strings (kept static)."""
+def _split_static(tree, hold=False):
+    """Separate array leaves (traced by jit) from Python scalars/strings (kept static).
+
+    ``hold``: concrete arrays are kept static too, each as a :class:`_Held` constant of
+    the compiled programs, for a model whose Python code reads its data's values
+    (:func:`_needs_concrete_data`); traced arrays stay traced."""
     leaves, treedef = jax.tree.flatten(tree)
-    is_array = tuple(isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves)
+    is_array = tuple(
+        isinstance(x, (jax.Array, np.ndarray, np.generic))
+        and not (hold and not isinstance(x, jax.core.Tracer))
+        for x in leaves
+    )
     arrays = [x for x, a in zip(leaves, is_array) if a]
-    static = tuple(x for x, a in zip(leaves, is_array) if not a)
+    static = tuple(
+        (_Held(x) if isinstance(x, (jax.Array, np.ndarray, np.generic)) else x)
+        for x, a in zip(leaves, is_array) if not a
+    )
     return arrays, (treedef, is_array, static)
 
 
 def _merge_static(arrays, spec):
     treedef, is_array, static = spec
     arrays, static = iter(arrays), iter(static)
-    leaves = [next(arrays) if a else next(static) for a in is_array]
+    leaves = [next(arrays) if a else _unheld(next(static)) for a in is_array]
     return jax.tree.unflatten(treedef, leaves)
+
+
+class _Held:
+    """A concrete model argument held as a compiled program's constant (a static
+    argument, hashed by identity: the same array object, the same program)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __hash__(self):
+        return id(self.value)
+
+    def __eq__(self, other):
+        return isinstance(other, _Held) and other.value is self.value
+
+
+def _unheld(x):
+    return x.value if isinstance(x, _Held) else x
+
+
+#: What JAX raises where Python code needs a traced value's concrete value.
+_CONCRETE_VALUE_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
+
+
+def _guide_factor(name, log_factor):
+    """``numpyro.factor`` for a guide's log density, as an observed ``Delta`` site (value
+    0, ``log_density`` the factor) instead of a ``Unit`` one: the same term in every ELBO,
+    and a reparameterized one, whose gradient NumPyro's ``TraceGraph_ELBO`` keeps (it
+    stops the gradient of a site without a reparameterized sampler, which ``Unit`` is)."""
+    zero = jnp.zeros_like(log_factor)
+    # not validated: a diverged draw's factor is NaN or inf by design (its weight is 0)
+    fn = dist.Delta(zero, log_density=log_factor, validate_args=False)
+    numpyro.sample(name, fn, obs=zero, infer={"is_auxiliary": True})
+
+
+def _site_values(trace) -> dict:
+    """The values of a trace's latent sample sites and parameters."""
+    return {
+        name: site["value"] for name, site in trace.items()
+        if site["type"] == "param" or (site["type"] == "sample" and not site["is_observed"])
+    }
+
+
+def _needs_concrete_data(model, args, kwargs, values) -> bool:
+    """Whether ``model``'s Python code reads the values of its array arguments (e.g.
+    ``int(group.max()) + 1`` groups, ``np.unique(g)``, ``x[x > 0]``), so that it cannot
+    run with them traced, as arguments of a compiled program. Found by tracing the
+    model once with its latent and parameter sites at ``values`` (concrete) and its
+    arrays abstract; nothing is compiled. NumPyro's own inference closes the data over
+    (``SVI.run``, ``MCMC``), where such a model runs: the guide's programs then hold the
+    data as constants (see :func:`_split_static`) instead of taking them as arguments."""
+    arrays, spec = _split_static((args, kwargs))
+    if not arrays or _is_tracer(arrays):
+        return False
+
+    def run(arrays):
+        a, k = _merge_static(arrays, spec)
+        seeded = handlers.seed(handlers.substitute(model, data=values), rng_seed=0)
+        with handlers.block():
+            handlers.trace(seeded).get_trace(*a, **k)
+
+    try:
+        jax.eval_shape(run, arrays)
+    except _CONCRETE_VALUE_ERRORS:
+        return True
+    except Exception:  # noqa: BLE001 - anything else is the compiled path's to report
+        return False
+    return False
 
 
 class UHAGuide(AutoContinuous):
@@ -506,6 +592,8 @@ class UHAGuide(AutoContinuous):
         self.coordinate_elbos = None
         self._init_values = None
         self._setup_args = None
+        # the model reads its data's values: programs hold the data (_needs_concrete_data)
+        self._hold_data = False
         self._jitted_draws = {}
         # the last params checked and what the check found: a repeated draw with the same
         # (immutable) arrays reads nothing back from the device for it
@@ -627,6 +715,9 @@ class UHAGuide(AutoContinuous):
         if not _is_tracer((args, kwargs)):
             self._setup_args = (args, kwargs)
         model_params = {name: site["value"] for name, site in self._model_param_sites.items()}
+        self._hold_data = _needs_concrete_data(
+            self.model, args, kwargs, _site_values(self.prototype_trace)
+        )
         init_loc = self._init_latent
         # built by NumPy: one transfer, no operations compiled one at a time
         if self.base_dist == "cholesky":
@@ -640,7 +731,7 @@ class UHAGuide(AutoContinuous):
         self._start_elbo = None  # (ELBO, its standard error) of the q UHA starts from
         # derived from the setup arguments when first needed, not at svi.init
         self._auto_batch_size = self._start_data = None
-        arrays, spec = _split_static((args, kwargs))
+        arrays, spec = _split_static((args, kwargs), self._hold_data)
         lam = None  # the curvature behind the step ceiling (see _start_arrays)
         host = not _is_tracer((arrays, model_params, init_loc))
         if host:
@@ -732,7 +823,7 @@ class UHAGuide(AutoContinuous):
             if self._setup_args is None:  # not set up, or set up on traced arguments
                 return CPU_BATCH_PER_DEVICE * num_shards(self.sharding)
             self._auto_batch_size = self._device_batch_size(
-                *_split_static(self._setup_args),
+                *_split_static(self._setup_args, self._hold_data),
                 {name: site["value"] for name, site in self._model_param_sites.items()},
             )
         return self._auto_batch_size
@@ -1489,7 +1580,7 @@ class UHAGuide(AutoContinuous):
         # of operations would each be compiled on their own; that program is compiled
         # at XLA's lowest CPU optimization (half the compile time, run once). Under an
         # outer jit (svi.update, Predictive) it is inlined.
-        arrays, spec = _split_static((args, kwargs))
+        arrays, spec = _split_static((args, kwargs), self._hold_data)
         inputs = (rng_key, values, latch, model_params, arrays)
         concrete = not _is_tracer(inputs)
         if concrete and _setup_call:
@@ -1516,7 +1607,7 @@ class UHAGuide(AutoContinuous):
         # Trace_ELBO adds log p(x, z_{K+1}) and the Jacobians from the model's trace; this
         # factor supplies the rest of the augmented proposal's density, so that the ELBO
         # Trace_ELBO estimates is exactly the UHA log weight.
-        numpyro.factor(f"_{self.prefix}_uha_factor", factor)
+        _guide_factor(f"_{self.prefix}_uha_factor", factor)
         return z, model_params
 
     def _draw_one_impl(self, rng_key, values, latch, model_params, arrays, *, spec, record=True):
@@ -1567,7 +1658,7 @@ class UHAGuide(AutoContinuous):
             *args, _setup_call=setup_call, **kwargs
         )
         mask_off = numpyro.get_mask() is False
-        arrays, spec = _split_static((args, kwargs))
+        arrays, spec = _split_static((args, kwargs), self._hold_data)
         inputs = (latent, model_params, arrays)
         if _is_tracer(inputs):
             emitted = self._emitted_impl(*inputs, spec=spec, mask_off=mask_off)
@@ -1674,6 +1765,7 @@ class UHAGuide(AutoContinuous):
         state.setdefault("warm_start_device", None)
         state.setdefault("_checked_params", _LastSeen())
         state.setdefault("_checked_data", _LastSeen())
+        state.setdefault("_hold_data", False)
         self.__dict__.update(state)
 
     # ------------------------------------------------------------- sampling
@@ -1755,7 +1847,7 @@ class UHAGuide(AutoContinuous):
             return WeightedDraws(*jax.tree.map(
                 lambda x: jnp.reshape(x[:0], sample_shape + jnp.shape(x)[1:]), tuple(one[:4])
             ))
-        arrays, spec = _split_static((args, kwargs))
+        arrays, spec = _split_static((args, kwargs), self._hold_data)
         if spec not in self._jitted_draws:
             self._jitted_draws[spec] = jax.jit(
                 self._draw_impl,

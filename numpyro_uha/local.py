@@ -79,14 +79,17 @@ from numpyro_uha.guide import (
     _chunk_bucket,
     _chunkable,
     _draw_keys,
+    _guide_factor,
     _is_tracer,
     _jit_once,
     _join,
     _key_chunk,
     _merge_static,
+    _needs_concrete_data,
     _nonfinite_observed,
     _real,
     _sample_shape,
+    _site_values,
     _split_static,
 )
 
@@ -241,6 +244,7 @@ class UHALocalGuide(AutoGuide):
     requested_decenter = False
     decentered_sites = ()
     _user_model = None
+    _hold_data = False  # the model reads its data's values (set up)
 
     def __init__(
         self,
@@ -346,6 +350,8 @@ class UHALocalGuide(AutoGuide):
                     *args, **kwargs
                 )
         self.prototype_trace = trace
+        # the model reads its data's values: programs hold the data (guide._split_static)
+        self._hold_data = _needs_concrete_data(self.model, args, kwargs, _site_values(trace))
         self._plate_name = name
         self._plate_dim = dim
         sites_in = {
@@ -1190,7 +1196,7 @@ class UHALocalGuide(AutoGuide):
             keys = jax.random.split(rng_key, subsample_size)
             # one compiled program per argument structure: run op by op (svi.init,
             # Predictive), the chain's hundreds of operations would each be compiled
-            arrays, spec = _split_static((args, kwargs))
+            arrays, spec = _split_static((args, kwargs), self._hold_data)
             rows, log_weight, info, local_values, log_det, is_diverged = _jit_once(
                 self._jitted, self._chain_impl, spec, size=size, corrected=corrected,
                 skip_diverged=skip_diverged,
@@ -1217,7 +1223,7 @@ class UHALocalGuide(AutoGuide):
                 factor = factor + _step_backoff(values) * is_diverged.astype(factor.dtype)
             # the data points along the plate's dim, as the model's sites have them
             factor = jnp.reshape(factor, (subsample_size,) + (1,) * (-self._plate_dim - 1))
-            numpyro.factor(f"_{self.prefix}_uha_factor", factor)
+            _guide_factor(f"_{self.prefix}_uha_factor", factor)
             for n in self._local_sites:
                 event_dim = self.prototype_trace[n]["fn"].event_dim
                 written = self._written_site(n)
@@ -1450,7 +1456,7 @@ class UHALocalGuide(AutoGuide):
         idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
         sample_shape = _sample_shape(sample_shape, "UHALocalGuide")
         num = max(int(np.prod(sample_shape, dtype=int)), 1)
-        arrays, spec = _split_static((args, kwargs))
+        arrays, spec = _split_static((args, kwargs), self._hold_data)
         rows = idx.shape[0]
         cap = max(1, DRAW_ROWS // max(rows, 1))  # chains (draws × data points) at once
         program = partial(

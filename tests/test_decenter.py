@@ -411,3 +411,63 @@ def test_a_non_centered_multivariate_site_starts_where_init_to_value_puts_it(fam
     trace = _init_trace(guide, args)
     assert "ab_decentered" in trace
     np.testing.assert_allclose(trace["ab"]["value"], ab0, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------ Gaussian random walks
+def random_walk_volatility(r):
+    """Stochastic volatility as NumPyro's example writes it: a log-volatility path
+    ``s ~ GaussianRandomWalk(sigma)`` under a latent step size."""
+    sigma = numpyro.sample("sigma", dist.Exponential(10.0))
+    s = numpyro.sample("s", dist.GaussianRandomWalk(scale=sigma, num_steps=r.shape[0]))
+    fixed = numpyro.sample("fixed", dist.GaussianRandomWalk(scale=0.5, num_steps=3))
+    numpyro.sample("r", dist.Normal(0.1 * fixed.sum(), jnp.exp(s)), obs=r)
+
+
+RETURNS = jnp.asarray(np.random.default_rng(4).standard_t(5, size=10) * 0.3, jnp.float32)
+
+
+def test_a_random_walk_is_not_found_automatically_and_its_maps_are_inverse():
+    """"auto" leaves random walks as written (only named ones are non-centered; see
+    NOT_AUTOMATIC). x = scale · cumsum(x̃) and back for a batch of walks, and the log
+    scale the guide sums per element is log |det dx/dx̃|."""
+    from numpyro_uha._decenter import _log_scale, from_standard, to_standard
+
+    assert find_decenterable(random_walk_volatility, (RETURNS,), {}) == []
+    scale = jnp.asarray([0.3, 2.0], jnp.float32)
+    base = dist.GaussianRandomWalk(scale=scale, num_steps=4)
+    noise = jnp.asarray(np.random.default_rng(0).normal(size=(2, 4)), jnp.float32)
+    x = from_standard(base, noise)
+    np.testing.assert_allclose(x, scale[:, None] * np.cumsum(noise, -1), rtol=1e-5)
+    np.testing.assert_allclose(to_standard(base, x), noise, rtol=1e-4, atol=1e-5)
+    # the walk's density is the standardized steps' over the Jacobian
+    np.testing.assert_allclose(
+        base.log_prob(x),
+        dist.Normal(0.0, 1.0).log_prob(noise).sum(-1) - _log_scale(base).sum(-1),
+        rtol=1e-5,
+    )
+    for b in range(2):
+        jac = jax.jacobian(lambda e: from_standard(base, e.reshape(2, 4))[b])(noise.reshape(-1))
+        log_det = np.linalg.slogdet(np.asarray(jac[:, 4 * b: 4 * b + 4]))[1]
+        np.testing.assert_allclose(np.sum(_log_scale(base)[b]), log_det, rtol=1e-5)
+
+
+def test_a_non_centered_random_walk_keeps_trace_elbo_the_core_weight():
+    """Decentered s (s = sigma · cumsum(s~)): Trace_ELBO on the model as written is the
+    core's log weight draw by draw (the guide's density for s carries -T log sigma), and
+    the draws map back to the latent the chain ran."""
+    from tests.test_guide_weights import elbo_terms_and_core_weights, perturbed_params
+
+    guide = UHAGuide(random_walk_volatility, K=3, warm_start_steps=0, decenter=["s"])
+    svi = SVI(random_walk_volatility, guide, optax.adam(1e-3), Trace_ELBO())
+    params = perturbed_params(guide, svi.get_params(svi.init(jax.random.PRNGKey(0), RETURNS)), 1)
+    assert guide.decentered_sites == ("s",)
+    elbo, log_w, _ = elbo_terms_and_core_weights(guide, params, random_walk_volatility, RETURNS)
+    np.testing.assert_allclose(elbo, log_w, rtol=1e-5, atol=2e-3)
+    assert np.std(log_w) > 0.1
+    with_w = guide.sample_posterior_with_log_weights(
+        jax.random.PRNGKey(1), params, RETURNS, sample_shape=(8,)
+    )
+    assert with_w.samples["s"].shape == (8, 10) and "s_decentered" not in with_w.samples
+    np.testing.assert_allclose(
+        guide.latent_from_samples(with_w.samples, RETURNS), with_w.latent, rtol=1e-3, atol=1e-4
+    )

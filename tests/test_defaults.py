@@ -125,7 +125,6 @@ def test_step_ceiling_keeps_huge_steps_stable(guide_and_state):
     params["auto_drift_scale"] = params["auto_drift_scale"] * 20.0
     annealing = guide.get_annealing_params(params)
     _, precision = exact_posterior()
-    s = np.asarray(guide.initial_q[1], np.float64)
     h = np.asarray(annealing.step_sizes, np.float64)[:, None] * np.asarray(
         annealing.drift_scale / annealing.momentum_scale, np.float64
     )

@@ -155,9 +155,16 @@ def _family_hierarchy(family, seen=lambda z: z):
     return model
 
 
+# Laplace, Cauchy and Logistic take the same path as Normal (loc and scale only) and run
+# with -m slow (7-8 s each); StudentT's kept df stays in the default suite
 @pytest.mark.parametrize(
     "family",
-    [lambda m, s: dist.StudentT(4.0, m, s), dist.Laplace, dist.Cauchy, dist.Logistic],
+    [
+        lambda m, s: dist.StudentT(4.0, m, s),
+        pytest.param(dist.Laplace, marks=pytest.mark.slow),
+        pytest.param(dist.Cauchy, marks=pytest.mark.slow),
+        pytest.param(dist.Logistic, marks=pytest.mark.slow),
+    ],
     ids=["StudentT", "Laplace", "Cauchy", "Logistic"],
 )
 def test_every_loc_scale_family_keeps_each_points_elbo_its_log_weight(family):

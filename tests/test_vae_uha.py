@@ -115,8 +115,6 @@ def test_uha_optimizer_rates_and_the_guide_rate_decay():
     """Adam with a constant gradient moves each coordinate by its rate per step: the
     decoder at lr, the guide's own parameters at lr × scale (decaying to lr × scale ×
     decay over num_steps), the frozen encoder not at all."""
-    import optax
-
     params = {"decoder_w": jnp.ones(3), "encoder_w": jnp.ones(3), "local_step_size": jnp.ones(())}
     grads = jax.tree.map(jnp.ones_like, params)
     lr, scale, decay, num_steps = 1e-3, 10.0, 0.01, 100

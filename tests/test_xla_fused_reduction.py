@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-import pytest
 from jax.scipy.special import gammaln
 from numpyro.infer.autoguide import AutoNormal
 

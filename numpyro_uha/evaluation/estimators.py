@@ -579,7 +579,7 @@ def _guide_positions(guide, params, posterior_samples, args, kwargs):
     from numpyro_uha.guide import _split_static
 
     _check_guide(guide)
-    arrays, spec = _split_static((args, kwargs))
+    arrays, spec = _split_static((args, kwargs), guide._hold_data)
     # Latent sites only (other keys, e.g. deterministic sites, play no part), as arrays:
     # latent_from_samples names missing ones.
     # by the model's own names (``x`` for a non-centered ``x_decentered``), as reference

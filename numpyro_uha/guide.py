@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+import hashlib
 import warnings
 from typing import NamedTuple
 
@@ -245,7 +246,8 @@ def _split_static(tree, hold=False):
 
     ``hold``: concrete arrays are kept static too, each as a :class:`_Held` constant of
     the compiled programs, for a model whose Python code reads its data's values
-    (:func:`_needs_concrete_data`); traced arrays stay traced."""
+    (:func:`_needs_concrete_data`); traced arrays stay traced. A static leaf Python
+    cannot hash (a pandas ``DataFrame`` handed to the model) is held too."""
     leaves, treedef = jax.tree.flatten(tree)
     is_array = tuple(
         isinstance(x, (jax.Array, np.ndarray, np.generic))
@@ -254,7 +256,8 @@ def _split_static(tree, hold=False):
     )
     arrays = [x for x, a in zip(leaves, is_array) if a]
     static = tuple(
-        (_Held(x) if isinstance(x, (jax.Array, np.ndarray, np.generic)) else x)
+        (_Held(x) if isinstance(x, (jax.Array, np.ndarray, np.generic)) or not _hashable(x)
+         else x)
         for x, a in zip(leaves, is_array) if not a
     )
     return arrays, (treedef, is_array, static)
@@ -269,18 +272,29 @@ def _merge_static(arrays, spec):
 
 class _Held:
     """A concrete model argument held as a compiled program's constant (a static
-    argument, hashed by identity: the same array object, the same program)."""
+    argument). A NumPy array is keyed by its contents (it can change in place: changed
+    data, another program); a JAX array (immutable) and any other object by identity:
+    the same object, the same program. A program holds the values the object had when
+    it was traced, as ``SVI.run``'s own compiled step does."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "_key")
 
     def __init__(self, value):
         self.value = value
+        if isinstance(value, (np.ndarray, np.generic)):
+            data = np.ascontiguousarray(value)
+            digest = hashlib.blake2b(data.view(np.uint8).reshape(-1), digest_size=16)
+            self._key = ("numpy", data.shape, data.dtype.str, digest.digest())
+        else:
+            self._key = ("object", id(value))
 
     def __hash__(self):
-        return id(self.value)
+        return hash(self._key)
 
     def __eq__(self, other):
-        return isinstance(other, _Held) and other.value is self.value
+        if not isinstance(other, _Held) or self._key != other._key:
+            return False
+        return self._key[0] == "numpy" or self.value is other.value
 
 
 def _unheld(x):

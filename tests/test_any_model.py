@@ -186,17 +186,32 @@ def _model_with_options(y, options):
     numpyro.sample("y", dist.Normal(mu, options.scale), obs=y)
 
 
-def test_an_unhashable_model_argument_trains():
-    """The guide's setup and chain run as programs compiled per argument structure; an
-    argument that structure cannot hash runs them uncompiled instead of failing (svi.init
-    raised TypeError when the setup program was cached by it)."""
+def test_an_unhashable_model_argument_trains_draws_and_estimates():
+    """The guide's programs are compiled per argument structure; an argument Python cannot
+    hash (a settings object, a pandas DataFrame) is held as a constant of the programs,
+    keyed by identity: svi.init raised TypeError when the setup program was cached by it,
+    and sample_posterior did after training. log Z is the exact one within its standard
+    error for two such objects in turn (a program of the first, reused for the second,
+    would give the first's)."""
+    from numpyro_uha.evaluation import log_z
+
     y = np.random.default_rng(0).normal(2.0, 1.0, 20).astype(np.float32)
-    # (uncompiled, every operation runs on its own: a few steps show it trains)
-    guide = UHAGuide(_model_with_options, K=2, warm_start_steps=10)
+    guide = UHAGuide(_model_with_options, K=2, warm_start_steps=100)
     svi = SVI(_model_with_options, guide, optax.adam(1e-2), Trace_ELBO())
     result = svi.run(jax.random.PRNGKey(0), 3, y, _Options(1.0), progress_bar=False)
     assert np.all(np.isfinite(np.asarray(result.losses)))
     assert guide._start_elbo is not None
+    for scale in (1.0, 1.5):
+        options = _Options(scale)
+        draws = guide.sample_posterior(jax.random.PRNGKey(1), result.params, y, options,
+                                       sample_shape=(10,))
+        assert draws["mu"].shape == (10,)
+        estimate = log_z(guide, jax.random.PRNGKey(2), result.params, y, options,
+                         num_draws=1000)
+        # y ~ N(0, scale² I + 10² 1 1ᵀ)
+        cov = scale**2 * np.eye(20) + 100.0 * np.ones((20, 20))
+        exact = multivariate_normal.logpdf(y, np.zeros(20), cov)
+        assert abs(estimate.iw - exact) < 4 * estimate.iw_se + 1e-3, (scale, estimate, exact)
 
 
 def _pytree_param_model(y):
@@ -281,6 +296,16 @@ def test_a_model_that_reads_its_datas_values_trains_draws_and_estimates_log_z():
         jax.random.PRNGKey(3), result.params, *args, sample_shape=(5,)
     )
     np.testing.assert_array_equal(again["a"], draws["a"])
+    # NumPy data changed in place are read again (held by contents, not by identity): the
+    # same call after the change gives what a guide without programs yet gives
+    data, key = Y_GROUP.copy(), jax.random.PRNGKey(4)
+    guide.sample_posterior_with_log_weights(key, result.params, GROUP, data, sample_shape=(50,))
+    data += 0.5
+    now, fresh = (
+        g.sample_posterior_with_log_weights(key, result.params, GROUP, data, sample_shape=(50,))
+        for g in (guide, pickle.loads(pickle.dumps(guide)))
+    )
+    np.testing.assert_allclose(now.log_weights, fresh.log_weights, rtol=1e-5)
 
     # what tells such a model from one that reads only shapes
     values = {"a": jnp.zeros(4)}

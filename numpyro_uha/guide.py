@@ -272,21 +272,23 @@ def _merge_static(arrays, spec):
 
 class _Held:
     """A concrete model argument held as a compiled program's constant (a static
-    argument). A NumPy array is keyed by its contents (it can change in place: changed
-    data, another program); a JAX array (immutable) and any other object by identity:
-    the same object, the same program. A program holds the values the object had when
-    it was traced, as ``SVI.run``'s own compiled step does."""
+    argument). An array is keyed by its contents (a NumPy array changed in place, or
+    equal data in a new array: the program of those contents); any other object by
+    identity (the same object, the same program: a program holds the values the object
+    had when it was traced, as ``SVI.run``'s own compiled step does)."""
 
     __slots__ = ("value", "_key")
 
     def __init__(self, value):
         self.value = value
-        if isinstance(value, (np.ndarray, np.generic)):
-            data = np.ascontiguousarray(value)
-            digest = hashlib.blake2b(data.view(np.uint8).reshape(-1), digest_size=16)
-            self._key = ("numpy", data.shape, data.dtype.str, digest.digest())
-        else:
-            self._key = ("object", id(value))
+        self._key = ("object", id(value))
+        if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+            try:
+                data = np.ascontiguousarray(value)
+                digest = hashlib.blake2b(data.view(np.uint8).reshape(-1), digest_size=16)
+            except (TypeError, ValueError):  # e.g. an object array: by identity
+                return
+            self._key = ("array", np.shape(value), data.dtype.str, digest.digest())
 
     def __hash__(self):
         return hash(self._key)
@@ -294,7 +296,7 @@ class _Held:
     def __eq__(self, other):
         if not isinstance(other, _Held) or self._key != other._key:
             return False
-        return self._key[0] == "numpy" or self.value is other.value
+        return self._key[0] == "array" or self.value is other.value
 
 
 def _unheld(x):

@@ -268,11 +268,11 @@ def _group_effects_log_z(group, y):
 
 def test_a_model_that_reads_its_datas_values_trains_draws_and_estimates_log_z():
     """The guide's programs take the data as arguments; a model whose Python code reads
-    their values (``int(np.max(group))``, ``np.unique``, boolean indexing) failed at
-    svi.init with a concretization error, where SVI with AutoNormal and NUTS, which close
-    the data over, run it. Held as the programs' constants, the data give the model's
-    own log density, log Z within its standard error of the exact one, draws of the
-    model's shape, and a pickled guide that draws the same."""
+    their values (here ``int(np.max(group))``; boolean indexing below) failed at svi.init
+    with a concretization error, where SVI with AutoNormal and NUTS, which close the data
+    over, run it. Held as the programs' constants, the data give the model's own log
+    density, log Z within its standard error of the exact one, draws of the model's
+    shape, a pickled guide that draws the same, and data changed in place read again."""
     from numpyro_uha.evaluation import log_z
     from numpyro_uha.guide import _needs_concrete_data
 

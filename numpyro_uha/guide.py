@@ -241,6 +241,10 @@ def _is_tracer(tree) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
+#: The array leaves of model arguments (traced by the guide's programs unless held).
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+
+
 def _split_static(tree, hold=False):
     """Separate array leaves (traced by jit) from Python scalars/strings (kept static).
 
@@ -250,14 +254,12 @@ def _split_static(tree, hold=False):
     cannot hash (a pandas ``DataFrame`` handed to the model) is held too."""
     leaves, treedef = jax.tree.flatten(tree)
     is_array = tuple(
-        isinstance(x, (jax.Array, np.ndarray, np.generic))
-        and not (hold and not isinstance(x, jax.core.Tracer))
+        isinstance(x, _ARRAY_TYPES) and not (hold and not isinstance(x, jax.core.Tracer))
         for x in leaves
     )
     arrays = [x for x, a in zip(leaves, is_array) if a]
     static = tuple(
-        (_Held(x) if isinstance(x, (jax.Array, np.ndarray, np.generic)) or not _hashable(x)
-         else x)
+        _Held(x) if isinstance(x, _ARRAY_TYPES) or not _hashable(x) else x
         for x, a in zip(leaves, is_array) if not a
     )
     return arrays, (treedef, is_array, static)
@@ -282,7 +284,7 @@ class _Held:
     def __init__(self, value):
         self.value = value
         self._key = ("object", id(value))
-        if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        if isinstance(value, _ARRAY_TYPES):
             try:
                 data = np.ascontiguousarray(value)
                 digest = hashlib.blake2b(data.view(np.uint8).reshape(-1), digest_size=16)
@@ -885,8 +887,9 @@ class UHAGuide(AutoContinuous):
 
     def _program(self, impl, spec, *, quick=False, **static):
         """``impl`` with ``spec`` and ``static`` bound, jitted once per argument structure
-        (``spec``) and options; not jitted where ``spec`` holds an unhashable static leaf
-        (a model argument JAX cannot trace and Python cannot hash). ``quick``: compiled
+        (``spec``) and options; not jitted where ``spec`` cannot be hashed (only a pytree
+        node whose own data cannot: :func:`_split_static` holds an unhashable leaf, e.g.
+        a DataFrame, by identity). ``quick``: compiled
         at XLA's lowest CPU optimization, for a program run once or a few times, where
         the compile time is most of the cost (:func:`~numpyro_uha.core.warm_start.small_jit`)."""
         return _jit_once(self._jitted_setup, impl, spec, quick=quick, **static)
@@ -2523,8 +2526,9 @@ def _elbo_or_minus_inf(start_elbo) -> float:
 
 def _jit_once(cache: dict, impl, spec, *, quick=False, **static):
     """``impl`` with ``spec`` and ``static`` bound, jitted once per argument structure
-    (``spec``) and options and kept in ``cache``; not jitted where ``spec`` holds an
-    unhashable static leaf (a model argument JAX cannot trace and Python cannot hash).
+    (``spec``) and options and kept in ``cache``; not jitted where ``spec`` cannot be
+    hashed (only a pytree node whose own data cannot: :func:`_split_static` holds an
+    unhashable leaf by identity).
     ``quick``: compiled with :func:`~numpyro_uha.core.warm_start.quick_compiler_options`."""
     fn = partial(impl, spec=spec, **static)
     key = (impl.__name__, spec, quick, tuple(sorted(static.items())))
@@ -2627,7 +2631,7 @@ def _on_mesh(sharding, tree):
             x.sharding.mesh == sharding.mesh
         ):
             return x
-        if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        if not isinstance(x, _ARRAY_TYPES):
             return x
         return put_global(x, replicated(sharding))
 

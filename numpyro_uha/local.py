@@ -184,8 +184,9 @@ class UHALocalGuide(AutoGuide):
             so the bound stays exact); q's parameters, the encoder's output and
             :meth:`get_logdensity_fn`'s rows are in z̃. Where each data point's latents
             are weakly informed, the global guide's spread is then right where the
-            centered one's is several times too small; where they are well informed, the model's own coordinates
-            fit better and ``True`` can be far off (a Poisson mixed model's group sd
+            centered one's is several times too small; where they are well informed,
+            the model's own coordinates fit better and ``True`` can be far off (a
+            Poisson mixed model's group sd
             came out twice NUTS's). Fit both and keep the higher full-data bound
             (measured: docs/how-to/local-latents.md). Resolved at setup into
             ``guide.decentered_sites``.

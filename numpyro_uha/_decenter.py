@@ -154,10 +154,35 @@ def _unwrap(fn):
     return Decenter()._unwrap(fn)[0]
 
 
+#: seeds of the random points :func:`find_decenterable` may trace the model at
+PROBE_SEEDS = tuple(range(1, 11))
+
+
 def _trace_at(model, args, kwargs, seed):
-    with handlers.block():
+    """The model's trace at ``init_to_uniform``'s point for ``seed``, with NumPyro's
+    argument validation off: a random point may give a distribution invalid parameters
+    (an ODE's state that went negative under a log, a square root of a negative latent)
+    where the user's own initial point and the posterior do not, and the probe only
+    compares locs and scales; NumPyro validates eagerly and would raise."""
+    with handlers.block(), numpyro.validation_enabled(False):
         traced = handlers.substitute(handlers.seed(model, seed), substitute_fn=init_to_uniform)
         return handlers.trace(traced).get_trace(*args, **kwargs)
+
+
+def _two_traces(model, args, kwargs):
+    """Traces at the first two of :data:`PROBE_SEEDS`' points where the model runs, or
+    ``None``: a model that raises at random points (a Python check on a latent's value)
+    is probed at others, and one that raises at all of them is left as written (its own
+    set-up, at the user's initial point, reports what is wrong with it, if anything)."""
+    traces = []
+    for seed in PROBE_SEEDS:
+        try:
+            traces.append(_trace_at(model, args, kwargs, seed))
+        except Exception:  # noqa: BLE001 - any failure at a random point: try another
+            continue
+        if len(traces) == 2:
+            return traces
+    return None
 
 
 def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
@@ -168,12 +193,16 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
     ``init_to_uniform``, as its autoguides initialize; improper priors included): a site
     qualifies when its distribution is a loc-scale family of real support, unmasked and
     unscaled (``scaled``: scaled ones too, e.g. a subsampled plate's N/B), and its loc or
-    scale differs between the two traces.
+    scale differs between the two traces. Validation is off at those points and a point
+    where the model raises is replaced by another (:func:`_two_traces`).
     """
     # eagerly where the values are concrete, also under jax.jit (the latents' values
     # come from a fixed seed; only what the traced arguments feed stays traced)
     with jax.ensure_compile_time_eval():
-        first, second = (_trace_at(model, args, kwargs, seed) for seed in (1, 2))
+        traces = _two_traces(model, args, kwargs)
+    if traces is None:
+        return []
+    first, second = traces
     names = []
     for name, site in first.items():
         if site["type"] != "sample" or site["is_observed"] or name not in second:

@@ -78,6 +78,38 @@ def test_sites_inside_scan_are_left_as_written():
         )
 
 
+def root_link(y):
+    """Valid only where every ``a`` is positive: ``init_to_uniform``'s random points
+    (the probe's) give a negative one almost surely, the median and the posterior not."""
+    a = numpyro.sample("a", dist.Normal(3.0, 1.0).expand([8]).to_event(1))
+    numpyro.sample("m", dist.Normal(jnp.mean(a), 1.0))
+    numpyro.sample("y", dist.Normal(jnp.sqrt(a), 0.1), obs=y)
+
+
+def test_auto_probes_a_model_whose_parameters_are_invalid_at_random_points():
+    # an ODE model (Lotka-Volterra, a log of its states) failed at set-up this way with
+    # NumPyro's validation error, where decenter=False and AutoNormal set up
+    y = jnp.array([1.7, 1.9, 2.1, 1.6, 1.8, 2.0, 1.75, 1.85])
+    guide = UHAGuide(
+        root_link, K=2, warm_start_steps=0, init_loc_fn=numpyro.infer.init_to_median
+    )
+    SVI(root_link, guide, optax.adam(1e-3), Trace_ELBO()).init(jax.random.PRNGKey(0), y)
+    assert guide.decentered_sites == ("m",)
+
+
+def test_a_model_that_raises_at_a_probed_point_is_probed_at_another():
+    calls = []
+
+    def flaky(n):
+        calls.append(None)
+        if len(calls) == 1:
+            raise FloatingPointError("a solver that gave up at this point")
+        funnel(n)
+
+    assert find_decenterable(flaky, (4,), {}) == ["x"]
+    assert len(calls) == 3
+
+
 def fit(model, guide, *args, steps=1500, lr=1e-2):
     svi = SVI(model, guide, optax.adam(lr), Trace_ELBO())
     return svi.run(jax.random.PRNGKey(0), steps, *args, progress_bar=False)

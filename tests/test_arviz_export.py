@@ -17,7 +17,7 @@ import numpyro.distributions as dist
 import pytest
 from scipy.special import logsumexp
 
-from conjugate_model import NOISE_SD, Y, exact_draws, exact_moments, fit_guide
+from conjugate_model import N_OBS, NOISE_SD, Y, exact_draws, exact_moments, fit_guide
 from numpyro_uha import WeightedDraws
 from numpyro_uha.evaluation.arviz import (
     KHAT_BAD,
@@ -149,6 +149,84 @@ def test_model_without_observed_sites_has_no_observed_group():
     idata = to_inference_data(Stub(), None, None, num_chains=3, draws=draws)
     assert "observed_data" not in idata.groups()
     assert idata.posterior["x"].shape == (3, 4)
+
+
+def test_posterior_predictive_replicates_follow_the_exact_predictive(fitted):
+    """Each data point's replicates, over the draws, have the exact posterior
+    predictive's mean and variance, N(mu_n, NOISE_SD² + var_n) per coordinate (returning
+    the observations instead would give each point a variance of 0), and ArviZ's
+    posterior predictive check plots them."""
+    guide, params = fitted
+    idata = to_inference_data(
+        guide, jax.random.PRNGKey(3), params, Y, num_samples=N_DRAWS // 4, num_chains=4,
+        posterior_predictive=True,
+    )
+    assert set(idata.posterior_predictive.data_vars) == {"y"}
+    rep = np.asarray(idata.posterior_predictive["y"], np.float64)
+    assert rep.shape == (4, N_DRAWS // 4, N_OBS, 2)
+    rep = rep.reshape(N_DRAWS, N_OBS, 2)
+    mean, sd, _ = exact_moments()
+    var_n = sd[0] ** 2
+    # resampled draws repeat: mu's share of the error counts the weights' ESS only
+    ess = idata.attrs["importance_ess"]
+    se_mean = np.sqrt(NOISE_SD**2 / N_DRAWS + var_n / ess)
+    total = NOISE_SD**2 + var_n
+    se_var = total * np.sqrt(2.0 / N_DRAWS) + var_n * np.sqrt(2.0 / ess)
+    assert np.all(np.abs(rep.mean(0) - mean[:2]) < 4 * se_mean), rep.mean(0)
+    assert np.all(np.abs(rep.var(0) - total) < 4 * se_var), rep.var(0)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    az.plot_ppc(idata, num_pp_samples=50)
+
+
+class _GivenDraws:
+    """A guide stand-in for ``to_inference_data(..., draws=...)``: only ``.model`` is
+    read when the draws are given."""
+
+    def __init__(self, model):
+        self.model = model
+
+
+def test_posterior_predictive_simulates_the_model_jointly():
+    """y2's location is y1's value: its replicate must follow y1's replicate (variance
+    var(mu) + 2), not the observed y1 (variance 1); a factor has no replicate."""
+
+    def chain(y1, y2):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        first = numpyro.sample("y1", dist.Normal(mu, 1.0), obs=y1)
+        numpyro.sample("y2", dist.Normal(first, 1.0), obs=y2)
+        numpyro.factor("penalty", -0.0 * mu)
+
+    n = 4000
+    mu = 0.2 + math.sqrt(0.5) * np.random.default_rng(0).standard_normal(n)
+    draws = WeightedDraws({"mu": mu}, np.zeros(n), None, None)
+    idata = to_inference_data(
+        _GivenDraws(chain), jax.random.PRNGKey(0), None, 0.4, 3.0, draws=draws,
+        resample=False, posterior_predictive=True,
+    )
+    rep = idata.posterior_predictive
+    assert set(rep.data_vars) == {"y1", "y2"}
+    var_mu = np.var(mu)
+    for name, expected in (("y1", var_mu + 1.0), ("y2", var_mu + 2.0)):
+        values = np.asarray(rep[name], np.float64).ravel()
+        assert abs(np.var(values) - expected) < 4 * expected * math.sqrt(2.0 / n), name
+    # the replicates are drawn at the given draws: y1's mean follows mu's
+    assert np.corrcoef(np.asarray(rep["y1"]).ravel(), mu)[0, 1] > 0.4
+
+
+def test_posterior_predictive_needs_an_observed_site_and_a_bool():
+    def factor_only():
+        x = numpyro.sample("x", dist.Normal(0.0, 1.0))
+        numpyro.factor("f", -(x**2))
+
+    draws = WeightedDraws({"x": np.zeros(4)}, np.zeros(4), None, None)
+    with pytest.raises(ValueError, match="no observed sites to replicate"):
+        to_inference_data(_GivenDraws(factor_only), None, None, draws=draws,
+                          posterior_predictive=True)
+    with pytest.raises(TypeError, match="posterior_predictive must be True or False"):
+        to_inference_data(_GivenDraws(factor_only), None, None, draws=draws,
+                          posterior_predictive="yes")
 
 
 # ------------------------------------------------------------- log-likelihood, LOO

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 from numpyro import handlers
+from numpyro.primitives import Messenger
 
 from numpyro_uha._keywords import check_model_keywords, model_of
 from numpyro_uha._weights import (  # noqa: F401 -- the public ones re-exported
@@ -117,6 +118,7 @@ def to_inference_data(
     draws=None,
     resample=True,
     log_likelihood=True,
+    posterior_predictive=False,
     **kwargs,
 ):
     """UHA draws as an :class:`arviz.InferenceData`, importance-resampled by default.
@@ -164,7 +166,14 @@ def to_inference_data(
       draw each draw copies (into ``draws`` when given); with ``resample=False``,
       ``log_weight``: the UHA log importance weight of each draw;
     - ``observed_data``: the observed sites' values for these model arguments (only
-      when the model has observed sites).
+      when the model has observed sites);
+    - ``posterior_predictive`` (with ``posterior_predictive=True``): for every observed
+      site, a replicate drawn at each draw of the ``posterior`` group, by
+      :class:`numpyro.infer.Predictive` with the model's observed sites drawn instead
+      of observed (so a site that feeds a later one, as in an autoregression, feeds it
+      its replicate: the replicates are the model's joint simulation given the draw,
+      not each site's prediction given the data); ``numpyro.factor`` sites have none.
+      For ``az.plot_ppc`` (and ``az.loo_pit`` where each observation is a scalar).
 
     ``attrs`` record ``weighting`` (``"importance_resampled"`` or ``"none"``),
     ``num_uha_draws``, the weights' ``pareto_khat`` (:func:`psis_khat`) and
@@ -197,22 +206,39 @@ def to_inference_data(
             importance-resampled draws (default) rather than from the UHA draws as
             they are (see above).
         log_likelihood: add the ``log_likelihood`` group.
+        posterior_predictive: add the ``posterior_predictive`` group (replicates of the
+            observed sites, one per posterior draw, from the key ``rng_key`` gives).
         **kwargs: the model's keyword arguments.
 
     Returns:
         arviz.InferenceData: with groups ``posterior``, ``sample_stats`` and, where the
-        model observes data, ``log_likelihood`` and ``observed_data``.
+        model observes data, ``log_likelihood``, ``observed_data`` and, if asked for,
+        ``posterior_predictive``.
 
     Raises:
-        ValueError: if ``num_samples`` or ``num_chains`` is not a positive integer, or the
-            number of ``draws`` is not divisible by ``num_chains``.
+        ValueError: if ``num_samples`` or ``num_chains`` is not a positive integer, the
+            number of ``draws`` is not divisible by ``num_chains``, or
+            ``posterior_predictive=True`` for a model without observed sites.
+        TypeError: if ``posterior_predictive`` or ``log_likelihood`` is not a bool.
         FloatingPointError: if a log weight is +inf, more than 10 % of the draws
             diverged, or every weight is zero.
     """
     check_model_keywords(model_of(guide), kwargs, to_inference_data)
     import arviz as az
 
+    for name, value in (("log_likelihood", log_likelihood),
+                        ("posterior_predictive", posterior_predictive)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(
+                f"to_inference_data: {name} must be True or False, got {value!r}."
+            )
     num_chains = _check_positive_int("num_chains", num_chains)
+    predictive_key = None
+    if posterior_predictive:
+        # its own key: the draws and the resampling are those of a call without it
+        predictive_key = jax.random.fold_in(
+            jax.random.PRNGKey(0) if rng_key is None else rng_key, 1
+        )
     if draws is None:
         num_samples = _check_positive_int("num_samples", num_samples)
         draw_key, resample_key = jax.random.split(rng_key)
@@ -279,6 +305,21 @@ def to_inference_data(
         )
         log_lik = {name: by_chain(value[index]) for name, value in pointwise.items()}
 
+    predictive = None
+    if posterior_predictive:
+        replicated = [name for name in observed if not _is_factor(model_trace[name])]
+        if not replicated:
+            raise ValueError(
+                "to_inference_data: posterior_predictive=True, but the model has no "
+                "observed sites to replicate (numpyro.factor terms have none)."
+            )
+        predictive = _posterior_predictive(
+            model_of(guide), params, {name: value[index] for name, value in samples.items()},
+            replicated, predictive_key, args, kwargs,
+            getattr(guide, "sample_batch_size", CPU_BATCH_PER_DEVICE),
+        )
+        predictive = {name: by_chain(value) for name, value in predictive.items()}
+
     w = np.exp(log_w - np.max(log_w))
     khat = _warn_if_poor_fit(log_w, "to_inference_data", stacklevel=3)
     attrs = {
@@ -293,6 +334,7 @@ def to_inference_data(
     attrs = {key: value for key, value in attrs.items() if value is not None}
     return az.from_dict(
         posterior=posterior,
+        posterior_predictive=predictive,
         log_likelihood=log_lik,
         sample_stats=sample_stats,
         observed_data=observed or None,
@@ -321,6 +363,59 @@ def _nonfinite_draws(num_bad, total, where):
         UHANonfiniteDrawsWarning,
         stacklevel=4,
     )
+
+
+def _is_factor(site) -> bool:
+    """A ``numpyro.factor`` term: an observed ``Unit`` site, nothing to replicate."""
+    import numpyro.distributions as dist
+
+    fn = site["fn"]
+    while isinstance(fn, (dist.MaskedDistribution, dist.ExpandedDistribution,
+                          dist.Independent)):
+        fn = fn.base_dist
+    return isinstance(fn, dist.Unit)
+
+
+class _Unobserved(Messenger):
+    """``fn`` with its observed sites (``names``) drawn from their distributions
+    instead: a later site sees the drawn value, as when the model simulates data."""
+
+    def __init__(self, fn, names):
+        self.names = frozenset(names)
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "sample" and msg["is_observed"] and msg["name"] in self.names:
+            msg["value"] = None
+            msg["is_observed"] = False
+
+
+def _posterior_predictive(model, params, samples, names, rng_key, args, kwargs, batch_size):
+    """site name -> one replicate of each observed site in ``names`` per draw of
+    ``samples``, by :class:`numpyro.infer.Predictive` on the model with those sites
+    drawn (:class:`_Unobserved`) and its own ``numpyro.param`` values from ``params``,
+    ``batch_size`` draws at a time (a key per chunk, folded from ``rng_key``)."""
+    from numpyro.infer import Predictive
+
+    model_params = dict(params) if isinstance(params, dict) else {}
+
+    def param_value(site):
+        if site["type"] == "param" and site["name"] in model_params:
+            return model_params[site["name"]]
+        return None
+
+    simulating = _Unobserved(handlers.substitute(model, substitute_fn=param_value), names)
+    num_draws = next(iter(samples.values())).shape[0]
+    chunks = []
+    for i, start in enumerate(range(0, num_draws, batch_size)):
+        chunk = {name: value[start : start + batch_size] for name, value in samples.items()}
+        with handlers.block():
+            values = Predictive(
+                simulating, posterior_samples=chunk, return_sites=list(names),
+                batch_ndims=1, parallel=True,
+            )(jax.random.fold_in(rng_key, i), *args, **kwargs)
+        chunks.append({name: np.asarray(value) for name, value in values.items()})
+    return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
 
 
 def _pointwise_log_likelihood(guide, params, samples, args, kwargs, batch_size):

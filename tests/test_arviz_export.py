@@ -94,6 +94,22 @@ def test_inference_data_groups_names_and_shapes(fitted):
     assert np.all(summary["ess_bulk"] > 0.5 * N_DRAWS)
 
 
+def test_unresampled_draws_keep_their_weights(fitted):
+    """resample=False on a guide's own draws: the draws as they are, with their log
+    weights and the weights' diagnostics (as with given draws)."""
+    guide, params = fitted
+    idata = to_inference_data(
+        guide, jax.random.PRNGKey(3), params, Y, num_samples=N_DRAWS // 4, num_chains=4,
+        resample=False,
+    )
+    assert set(idata.sample_stats.data_vars) == {"log_weight"}
+    assert idata.attrs["weighting"] == "none"
+    log_w = idata.sample_stats["log_weight"].values.ravel()
+    assert np.std(log_w) > 0  # UHA's weights, not a stand-in
+    assert idata.attrs["pareto_khat"] == pytest.approx(psis_khat(log_w))
+    assert 1 < idata.attrs["importance_ess"] <= N_DRAWS
+
+
 def test_inference_data_from_given_draws(fitted, draws):
     guide, params = fitted
     idata = to_inference_data(guide, None, params, Y, num_chains=2, draws=draws, resample=False)

@@ -49,6 +49,58 @@ def _check_positive_int(name, value, minimum=1):
     return int(value)
 
 
+def _is_local(guide) -> bool:
+    from numpyro_uha.local import UHALocalGuide
+
+    return isinstance(guide, UHALocalGuide)
+
+
+def _latent_sites(guide) -> list:
+    """The model's own names of the guide's latent sites (``x``, not the non-centered
+    ``x_decentered`` it runs): a ``UHALocalGuide``'s globals, then its locals."""
+    from numpyro_uha import _decenter
+
+    if _is_local(guide):
+        return list(guide._global_latents) + [
+            _decenter.written_name(name, guide.decentered_sites) for name in guide._local_sites
+        ]
+    model_site = getattr(guide, "_model_site", lambda name: name)
+    return [model_site(name) for name in guide._init_locs]
+
+
+def _joint_draws(guide, rng_key, params, args, kwargs, num_draws, where, weighted, **options):
+    """``(draws, has_weights)``: ``num_draws`` draws of every latent site as a
+    ``WeightedDraws``. A ``UHAGuide``'s carry their log importance weights; a
+    ``UHALocalGuide``'s carry none (each data point's chain has a weight given the
+    globals, the globals' draws none), so they are marked zero and ``weighted``, the
+    caller's wish to use weights, must not be true for them. They are drawn for the
+    whole data (a subsampled plate's minibatch would be a random one)."""
+    if not _is_local(guide):
+        draws = guide.sample_posterior_with_log_weights(
+            rng_key, params, *args, sample_shape=(num_draws,), **options, **kwargs
+        )
+        return draws, True
+    if weighted:
+        raise ValueError(
+            f"{where}: a UHALocalGuide's draws have no joint importance weights (each data "
+            "point's chain is weighted given the globals; the globals' draws are not), so "
+            "they can only be used as they are: pass resample=False / weighted=False, or "
+            "leave it unset."
+        )
+    size, subsample_size = guide._sizes(args, kwargs)
+    if subsample_size != size:
+        raise ValueError(
+            f"{where}: the model's plate subsamples {subsample_size} of {size} data points "
+            "with these arguments; pass the arguments for the whole data (e.g. batch=None) "
+            "so that every data point's latents are drawn and the data match them."
+        )
+    samples = guide.sample_posterior(rng_key, params, *args, sample_shape=(num_draws,), **kwargs)
+    from numpyro_uha.guide import WeightedDraws
+
+    samples = {name: samples[name] for name in _latent_sites(guide) if name in samples}
+    return WeightedDraws(samples, np.zeros(num_draws), None, None), False
+
+
 def _check_draws(draws, where, allow_nonfinite=False):
     """(flat log weights, number of draws, sample_shape) of a WeightedDraws, validated.
 
@@ -116,7 +168,7 @@ def to_inference_data(
     num_samples=1000,
     num_chains=1,
     draws=None,
-    resample=True,
+    resample=None,
     log_likelihood=True,
     posterior_predictive=False,
     **kwargs,
@@ -190,7 +242,10 @@ def to_inference_data(
     show a poor fit (Pareto k̂ ≥ 0.7 or an ELBO standard error above 1 nat).
 
     Args:
-        guide: a :class:`~numpyro_uha.UHAGuide` that has been set up (trained).
+        guide: a :class:`~numpyro_uha.UHAGuide` or :class:`~numpyro_uha.UHALocalGuide`
+            that has been set up (trained); for the latter, pass the model's arguments
+            for the whole data (no subsample), as its locals are drawn for every data
+            point.
         rng_key: JAX random key for the draws and the resampling; with ``draws`` given
             it seeds the resampling only, and ``None`` means ``PRNGKey(0)``.
         params: the trained parameters, e.g. ``svi_result.params`` (the model's own
@@ -203,8 +258,11 @@ def to_inference_data(
             split into ``num_chains`` chains of equal length (``num_samples`` is
             ignored).
         resample: build the ``posterior`` and ``log_likelihood`` groups from
-            importance-resampled draws (default) rather than from the UHA draws as
-            they are (see above).
+            importance-resampled draws rather than from the UHA draws as they are (see
+            above). ``None`` (default): resampled for a ``UHAGuide``; a
+            ``UHALocalGuide``'s draws have no joint weights, so they are exported as
+            they are (no ``sample_stats``, no ``pareto_khat`` or ``importance_ess``),
+            and ``True`` is an error for it.
         log_likelihood: add the ``log_likelihood`` group.
         posterior_predictive: add the ``posterior_predictive`` group (replicates of the
             observed sites, one per posterior draw, from the key ``rng_key`` gives).
@@ -242,12 +300,16 @@ def to_inference_data(
     if draws is None:
         num_samples = _check_positive_int("num_samples", num_samples)
         draw_key, resample_key = jax.random.split(rng_key)
-        draws = guide.sample_posterior_with_log_weights(
-            draw_key, params, *args, sample_shape=(num_chains * num_samples,),
-            nonfinite="keep", **kwargs,
+        options = {} if _is_local(guide) else {"nonfinite": "keep"}
+        draws, has_weights = _joint_draws(
+            guide, draw_key, params, args, kwargs, num_chains * num_samples,
+            "to_inference_data", resample, **options,
         )
     else:
+        has_weights = True
         resample_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+    if resample is None:  # resampled where the draws have weights
+        resample = has_weights
     log_w, total, sample_shape = _check_draws(draws, "to_inference_data", allow_nonfinite=True)
     if np.any(log_w == np.inf):
         _check_log_weights(log_w, "to_inference_data")  # raises, naming the count
@@ -284,13 +346,17 @@ def to_inference_data(
         return value.reshape((num_chains, per_chain) + value.shape[1:])
 
     posterior = {name: by_chain(value[index]) for name, value in samples.items()}
-    if resample:
+    if not has_weights:  # a UHALocalGuide's draws: no weights to record
+        sample_stats = None
+    elif resample:
         sample_stats = {"uha_draw": by_chain(index)}
     else:
         sample_stats = {"log_weight": by_chain(log_w[index])}
 
     with handlers.block():
-        model_trace = handlers.trace(handlers.seed(guide.model, 0)).get_trace(*args, **kwargs)
+        model_trace = handlers.trace(handlers.seed(model_of(guide), 0)).get_trace(
+            *args, **kwargs
+        )
     observed = {
         name: np.asarray(site["value"])
         for name, site in model_trace.items()
@@ -320,17 +386,18 @@ def to_inference_data(
         )
         predictive = {name: by_chain(value) for name, value in predictive.items()}
 
-    w = np.exp(log_w - np.max(log_w))
-    khat = _warn_if_poor_fit(log_w, "to_inference_data", stacklevel=3)
     attrs = {
         "inference_library": "numpyro_uha",
         "num_transitions": getattr(guide, "K", None),
         "weighting": "importance_resampled" if resample else "none",
         "num_uha_draws": total,
-        "pareto_khat": psis_khat(log_w) if khat is None else khat,
-        "importance_ess": float(np.sum(w) ** 2 / np.sum(w**2)),
         "num_nonfinite": num_nonfinite,
     }
+    if has_weights:
+        w = np.exp(log_w - np.max(log_w))
+        khat = _warn_if_poor_fit(log_w, "to_inference_data", stacklevel=3)
+        attrs["pareto_khat"] = psis_khat(log_w) if khat is None else khat
+        attrs["importance_ess"] = float(np.sum(w) ** 2 / np.sum(w**2))
     attrs = {key: value for key, value in attrs.items() if value is not None}
     return az.from_dict(
         posterior=posterior,
@@ -433,7 +500,8 @@ def _pointwise_log_likelihood(guide, params, samples, args, kwargs, batch_size):
             return model_params[site["name"]]
         return None
 
-    model = handlers.seed(handlers.substitute(guide.model, substitute_fn=param_value), 0)
+    # the model as written: the draws hold its own sites (x, not a non-centered x_decentered)
+    model = handlers.seed(handlers.substitute(model_of(guide), substitute_fn=param_value), 0)
     num_draws = next(iter(samples.values())).shape[0]
     chunks = []
     for start in range(0, num_draws, batch_size):

@@ -16,7 +16,7 @@ from numpyro import handlers
 
 from numpyro_uha._keywords import check_model_keywords, model_of
 from numpyro_uha._weights import _check_log_weights
-from numpyro_uha.evaluation.arviz import _check_positive_int
+from numpyro_uha.evaluation.arviz import _check_positive_int, _joint_draws, _latent_sites
 
 __all__ = ["NUTSComparison", "compare_with_nuts", "plot_nuts_comparison"]
 
@@ -128,7 +128,9 @@ def compare_with_nuts(
     ``uha_se_of_mean`` in :attr:`NUTSComparison.table` before blaming UHA for it.
 
     Args:
-        guide: a trained :class:`~numpyro_uha.UHAGuide`.
+        guide: a trained :class:`~numpyro_uha.UHAGuide`, or a
+            :class:`~numpyro_uha.UHALocalGuide` (its draws as they are, for the whole
+            data: pass the model's arguments without a subsample).
         rng_key: JAX random key (split between NUTS and UHA).
         params: the trained parameters, e.g. ``svi_result.params``.
         *args: the model's positional arguments (the data used in training).
@@ -142,7 +144,8 @@ def compare_with_nuts(
             least every latent site of the guide.
         num_draws: number of UHA draws.
         weighted: use self-normalized importance-weighted UHA moments (the UHA log
-            weights as importance weights) instead of plain draw averages.
+            weights as importance weights) instead of plain draw averages (not for a
+            ``UHALocalGuide``, whose draws have no joint weights).
         **kwargs: the model's keyword arguments.
 
     Returns:
@@ -170,12 +173,11 @@ def compare_with_nuts(
         raise ValueError("compare_with_nuts: num_draws must be at least 2.")
     # the model's own sites (``x``, not the non-centered ``x_decentered`` the guide runs):
     # what its draws, NUTS on its model and users' reference draws all hold
-    model_site = getattr(guide, "_model_site", lambda name: name)
-    sites = [model_site(name) for name in guide._init_locs]
+    sites = _latent_sites(guide)
     nuts_key, uha_key = jax.random.split(rng_key)
 
-    draws = guide.sample_posterior_with_log_weights(
-        uha_key, params, *args, sample_shape=(num_draws,), **kwargs
+    draws, _ = _joint_draws(
+        guide, uha_key, params, args, kwargs, num_draws, "compare_with_nuts", weighted
     )
     uha = {name: np.asarray(draws.samples[name], dtype=np.float64) for name in sites}
     log_w = _check_log_weights(draws.log_weights, "compare_with_nuts")

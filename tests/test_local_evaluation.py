@@ -17,7 +17,7 @@ import pytest
 from numpyro.infer import SVI, Trace_ELBO
 
 from numpyro_uha import UHALocalGuide
-from numpyro_uha.evaluation import compare_with_nuts, to_inference_data
+from numpyro_uha.evaluation import compare_with_nuts, hais, to_inference_data
 
 Y = jnp.asarray(np.random.default_rng(0).normal(1.0, 1.5, 12), jnp.float32)
 NOISE = 0.7
@@ -91,3 +91,6 @@ def test_weights_and_a_minibatch_are_refused_by_name(fitted):
         )
     with pytest.raises(ValueError, match="subsamples 4 of 12 data points"):
         to_inference_data(guide, jax.random.PRNGKey(1), params, Y, 4, num_samples=4)
+    # the whole-model estimators say what a local guide offers instead
+    with pytest.raises(TypeError, match="its own log_z and log_weights"):
+        hais(guide, jax.random.PRNGKey(1), params, Y, num_draws=4)

@@ -461,7 +461,16 @@ def _check_guide(guide):
     from numpyro_uha.guide import UHAGuide
 
     if not isinstance(guide, UHAGuide):
-        raise TypeError(f"expected a UHAGuide, got {type(guide).__name__}.")
+        from numpyro_uha.local import UHALocalGuide
+
+        hint = ""
+        if isinstance(guide, UHALocalGuide):
+            hint = (
+                " A UHALocalGuide estimates per data point: its own log_z and "
+                "log_weights (corrected=True for Hamiltonian AIS), and for the whole "
+                "model's bound numpyro_uha.evaluation.minibatch_bound."
+            )
+        raise TypeError(f"expected a UHAGuide, got {type(guide).__name__}.{hint}")
     guide._require_setup()
 
 

@@ -28,6 +28,7 @@ def hierarchy(y, batch=None):
     tau = numpyro.sample("tau", dist.HalfNormal(2.0))
     with numpyro.plate("groups", y.shape[0], subsample_size=batch) as idx:
         z = numpyro.sample("z", dist.Normal(mu, tau))
+        numpyro.deterministic("shrinkage", (z - y[idx]) / tau)
         numpyro.sample("y", dist.Normal(z, NOISE), obs=y[idx])
 
 
@@ -50,8 +51,14 @@ def test_inference_data_holds_the_draws_and_the_models_log_likelihood(fitted):
         "posterior", "log_likelihood", "observed_data", "posterior_predictive"
     }
     post = idata.posterior
-    assert set(post.data_vars) == {"mu", "tau", "z"}
+    assert set(post.data_vars) == {"mu", "tau", "z", "shrinkage"}
     assert post["z"].shape == (2, 50, Y.shape[0]) and np.all(post["tau"].values > 0)
+    # the model's deterministic site, computed from each draw
+    np.testing.assert_allclose(
+        post["shrinkage"].values,
+        (post["z"].values - np.asarray(Y)) / post["tau"].values[..., None], rtol=1e-4,
+        atol=1e-5,
+    )
     # the draws themselves: those of sample_posterior with the same key
     draws = guide.sample_posterior(
         jax.random.split(jax.random.PRNGKey(1))[0], params, Y, sample_shape=(100,)

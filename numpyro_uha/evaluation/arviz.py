@@ -98,6 +98,7 @@ def _joint_draws(guide, rng_key, params, args, kwargs, num_draws, where, weighte
     from numpyro_uha.guide import WeightedDraws
 
     samples = {name: samples[name] for name in _latent_sites(guide) if name in samples}
+    samples.update(_deterministic_sites(model_of(guide), params, samples, args, kwargs))
     return WeightedDraws(samples, np.zeros(num_draws), None, None), False
 
 
@@ -432,6 +433,38 @@ def _nonfinite_draws(num_bad, total, where):
     )
 
 
+def _with_model_params(model, params):
+    """``model`` with its own ``numpyro.param`` sites set to their values in ``params``
+    (the trained ones; a guide's own parameters there are not the model's)."""
+    model_params = dict(params) if isinstance(params, dict) else {}
+
+    def param_value(site):
+        if site["type"] == "param" and site["name"] in model_params:
+            return model_params[site["name"]]
+        return None
+
+    return handlers.substitute(model, substitute_fn=param_value)
+
+
+def _deterministic_sites(model, params, samples, args, kwargs):
+    """The model's ``numpyro.deterministic`` sites at each draw of ``samples`` (every
+    latent site of the model as written), by :class:`numpyro.infer.Predictive`: a
+    ``UHALocalGuide``'s draws hold the latents only."""
+    from numpyro.infer import Predictive
+
+    model = _with_model_params(model, params)
+    with handlers.block():
+        trace = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
+    names = [name for name, site in trace.items() if site["type"] == "deterministic"]
+    if not names:
+        return {}
+    with handlers.block():
+        values = Predictive(
+            model, posterior_samples=samples, return_sites=names, batch_ndims=1
+        )(jax.random.PRNGKey(0), *args, **kwargs)
+    return {name: values[name] for name in names}
+
+
 def _is_factor(site) -> bool:
     """A ``numpyro.factor`` term: an observed ``Unit`` site, nothing to replicate."""
     import numpyro.distributions as dist
@@ -464,14 +497,7 @@ def _posterior_predictive(model, params, samples, names, rng_key, args, kwargs, 
     ``batch_size`` draws at a time (a key per chunk, folded from ``rng_key``)."""
     from numpyro.infer import Predictive
 
-    model_params = dict(params) if isinstance(params, dict) else {}
-
-    def param_value(site):
-        if site["type"] == "param" and site["name"] in model_params:
-            return model_params[site["name"]]
-        return None
-
-    simulating = _Unobserved(handlers.substitute(model, substitute_fn=param_value), names)
+    simulating = _Unobserved(_with_model_params(model, params), names)
     num_draws = next(iter(samples.values())).shape[0]
     chunks = []
     for i, start in enumerate(range(0, num_draws, batch_size)):
@@ -493,15 +519,8 @@ def _pointwise_log_likelihood(guide, params, samples, args, kwargs, batch_size):
     """
     from numpyro.infer import log_likelihood
 
-    model_params = dict(params) if isinstance(params, dict) else {}
-
-    def param_value(site):
-        if site["type"] == "param" and site["name"] in model_params:
-            return model_params[site["name"]]
-        return None
-
     # the model as written: the draws hold its own sites (x, not a non-centered x_decentered)
-    model = handlers.seed(handlers.substitute(model_of(guide), substitute_fn=param_value), 0)
+    model = handlers.seed(_with_model_params(model_of(guide), params), 0)
     num_draws = next(iter(samples.values())).shape[0]
     chunks = []
     for start in range(0, num_draws, batch_size):

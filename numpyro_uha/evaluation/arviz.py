@@ -70,7 +70,8 @@ def _latent_sites(guide) -> list:
 
 def _joint_draws(guide, rng_key, params, args, kwargs, num_draws, where, weighted, **options):
     """``(draws, has_weights)``: ``num_draws`` draws of every latent site as a
-    ``WeightedDraws``. A ``UHAGuide``'s carry their log importance weights; a
+    ``WeightedDraws`` (``options`` go to a ``UHAGuide``'s draw method). A ``UHAGuide``'s
+    carry their log importance weights; a
     ``UHALocalGuide``'s carry none (each data point's chain has a weight given the
     globals, the globals' draws none), so they are marked zero and ``weighted``, the
     caller's wish to use weights, must not be true for them. They are drawn for the
@@ -98,7 +99,6 @@ def _joint_draws(guide, rng_key, params, args, kwargs, num_draws, where, weighte
     from numpyro_uha.guide import WeightedDraws
 
     samples = {name: samples[name] for name in _latent_sites(guide) if name in samples}
-    samples.update(_deterministic_sites(model_of(guide), params, samples, args, kwargs))
     return WeightedDraws(samples, np.zeros(num_draws), None, None), False
 
 
@@ -301,16 +301,25 @@ def to_inference_data(
     if draws is None:
         num_samples = _check_positive_int("num_samples", num_samples)
         draw_key, resample_key = jax.random.split(rng_key)
-        options = {} if _is_local(guide) else {"nonfinite": "keep"}
         draws, has_weights = _joint_draws(
             guide, draw_key, params, args, kwargs, num_chains * num_samples,
-            "to_inference_data", resample, **options,
+            "to_inference_data", resample, nonfinite="keep",
         )
     else:
         has_weights = True
         resample_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     if resample is None:  # resampled where the draws have weights
         resample = has_weights
+    with handlers.block():
+        model_trace = handlers.trace(handlers.seed(model_of(guide), 0)).get_trace(
+            *args, **kwargs
+        )
+    if not has_weights:  # a UHALocalGuide's draws hold the latents only
+        draws.samples.update(_deterministic_sites(
+            model_of(guide), params, draws.samples,
+            [name for name, site in model_trace.items() if site["type"] == "deterministic"],
+            args, kwargs,
+        ))
     log_w, total, sample_shape = _check_draws(draws, "to_inference_data", allow_nonfinite=True)
     if np.any(log_w == np.inf):
         _check_log_weights(log_w, "to_inference_data")  # raises, naming the count
@@ -354,10 +363,6 @@ def to_inference_data(
     else:
         sample_stats = {"log_weight": by_chain(log_w[index])}
 
-    with handlers.block():
-        model_trace = handlers.trace(handlers.seed(model_of(guide), 0)).get_trace(
-            *args, **kwargs
-        )
     observed = {
         name: np.asarray(site["value"])
         for name, site in model_trace.items()
@@ -446,21 +451,18 @@ def _with_model_params(model, params):
     return handlers.substitute(model, substitute_fn=param_value)
 
 
-def _deterministic_sites(model, params, samples, args, kwargs):
-    """The model's ``numpyro.deterministic`` sites at each draw of ``samples`` (every
-    latent site of the model as written), by :class:`numpyro.infer.Predictive`: a
-    ``UHALocalGuide``'s draws hold the latents only."""
+def _deterministic_sites(model, params, samples, names, args, kwargs):
+    """The model's ``numpyro.deterministic`` sites ``names`` at each draw of ``samples``
+    (every latent site of the model as written), by :class:`numpyro.infer.Predictive`:
+    a ``UHALocalGuide``'s draws hold the latents only."""
     from numpyro.infer import Predictive
 
-    model = _with_model_params(model, params)
-    with handlers.block():
-        trace = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
-    names = [name for name, site in trace.items() if site["type"] == "deterministic"]
     if not names:
         return {}
     with handlers.block():
         values = Predictive(
-            model, posterior_samples=samples, return_sites=names, batch_ndims=1
+            _with_model_params(model, params), posterior_samples=samples,
+            return_sites=list(names), batch_ndims=1,
         )(jax.random.PRNGKey(0), *args, **kwargs)
     return {name: values[name] for name in names}
 
@@ -498,15 +500,25 @@ def _posterior_predictive(model, params, samples, names, rng_key, args, kwargs, 
     from numpyro.infer import Predictive
 
     simulating = _Unobserved(_with_model_params(model, params), names)
+
+    def replicate(i, chunk):
+        return Predictive(
+            simulating, posterior_samples=chunk, return_sites=list(names),
+            batch_ndims=1, parallel=True,
+        )(jax.random.fold_in(rng_key, i), *args, **kwargs)
+
+    return _in_chunks(replicate, samples, batch_size)
+
+
+def _in_chunks(fn, samples, batch_size):
+    """site name -> the rows of ``fn(i, chunk)`` (a dict of arrays with one row per draw)
+    over the ``i``-th chunks of ``batch_size`` draws of ``samples``, joined."""
     num_draws = next(iter(samples.values())).shape[0]
     chunks = []
     for i, start in enumerate(range(0, num_draws, batch_size)):
         chunk = {name: value[start : start + batch_size] for name, value in samples.items()}
         with handlers.block():
-            values = Predictive(
-                simulating, posterior_samples=chunk, return_sites=list(names),
-                batch_ndims=1, parallel=True,
-            )(jax.random.fold_in(rng_key, i), *args, **kwargs)
+            values = fn(i, chunk)
         chunks.append({name: np.asarray(value) for name, value in values.items()})
     return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
 
@@ -521,14 +533,12 @@ def _pointwise_log_likelihood(guide, params, samples, args, kwargs, batch_size):
 
     # the model as written: the draws hold its own sites (x, not a non-centered x_decentered)
     model = handlers.seed(_with_model_params(model_of(guide), params), 0)
-    num_draws = next(iter(samples.values())).shape[0]
-    chunks = []
-    for start in range(0, num_draws, batch_size):
-        chunk = {name: value[start : start + batch_size] for name, value in samples.items()}
-        with handlers.block():
-            values = log_likelihood(model, chunk, *args, parallel=True, batch_ndims=1, **kwargs)
-        chunks.append({name: np.asarray(value) for name, value in values.items()})
-    return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+    return _in_chunks(
+        lambda _, chunk: log_likelihood(
+            model, chunk, *args, parallel=True, batch_ndims=1, **kwargs
+        ),
+        samples, batch_size,
+    )
 
 
 # --------------------------------------------------------- weighted estimates

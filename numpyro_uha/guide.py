@@ -33,7 +33,7 @@ from numpyro.infer.autoguide import (
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
-from numpyro_uha import _decenter
+from numpyro_uha import _decenter, _enumerate
 from numpyro_uha._compiled_init import compiled_initialization
 from numpyro_uha._divergence import (
     DIVERGENCE_ENERGY,  # noqa: F401 - guide.DIVERGENCE_ENERGY, as before
@@ -433,6 +433,16 @@ class UHAGuide(AutoContinuous):
     the other latents nor log Z (``numpyro_uha/_masked.py``); ``guide.completed_entries``
     names them after setup; their draws mean nothing (the model ignores them).
 
+    Discrete latent sites of finite support (mixture assignments, indicators; marked
+    ``infer={"enumerate": "parallel"}`` or not) are summed out of the chain's target by
+    enumeration, as NumPyro's NUTS does (needs funsor: ``numpyro-uha[enum]``), and the
+    guide draws them from their exact conditional p(c | z, x) at the chain's last
+    position, with log p(c | z, x) in its density: ``Trace_ELBO`` and ``TraceEnum_ELBO``
+    then estimate the same bound on log Z, and the draws hold (z, c) jointly
+    (``numpyro_uha/_enumerate.py``; NumPyro's SVI still warns about Trace_ELBO and
+    discrete sites). Sites that depend on each other in a chain (a hidden Markov model)
+    are refused at setup with an explanation.
+
     Usage::
 
         guide = UHAGuide(model, K=32)
@@ -604,6 +614,8 @@ class UHAGuide(AutoContinuous):
         self.requested_decenter = _check_decenter(decenter, init_from)
         self._user_model = model
         self.decentered_sites = ()  # resolved at setup
+        # discrete latent sites, summed out of the chain's target (_enumerate.py; set up)
+        self._discrete, self._plate_nesting = (), 0
         # latent entries masked out and flat, completed at setup (_masked.py)
         self._completion = {}
         # decenter="auto": the start ELBO of each coordinate system tried (set up)
@@ -697,7 +709,8 @@ class UHAGuide(AutoContinuous):
             self.model = _decenter.decentered_model(self._user_model, decenter)
             self.init_loc_fn = _decenter.decentered_init(self._user_init_loc_fn)
         try:
-            with compiled_initialization():  # NumPyro's initial point, compiled
+            # NumPyro's initial point, compiled; enumerated discrete sites let through
+            with compiled_initialization(), _enumerate.discrete_sites_allowed(self._discrete):
                 super()._setup_prototype(*args, **kwargs)
         except RuntimeError as err:
             if "valid initial parameters" not in str(err):
@@ -1240,31 +1253,18 @@ class UHAGuide(AutoContinuous):
                         "remove `subsample_size` from this plate."
                     )
             if site["type"] == "sample" and not site["is_observed"]:
-                if site["fn"].support.is_discrete and site.get("infer", {}).get("enumerate"):
-                    raise ValueError(
-                        f"UHAGuide: latent site '{name}' is discrete "
-                        f"({type(site['fn']).__name__}) and marked for enumeration "
-                        f"(infer={{'enumerate': {site['infer']['enumerate']!r}}}), but "
-                        "UHAGuide does not marginalize enumerated sites: its Hamiltonian "
-                        "dynamics need every latent site to be continuous. Marginalize "
-                        "the site by hand (e.g. a numpyro.factor holding the logsumexp of "
-                        "the component log-likelihoods plus the log mixture weights, "
-                        "instead of the discrete sample site), or fit the model with a "
-                        "NumPyro AutoGuide and TraceEnum_ELBO (numpyro.contrib.funsor)."
-                    )
                 if site["fn"].support.is_discrete:
-                    raise ValueError(
-                        f"UHAGuide: latent site '{name}' has a discrete distribution "
-                        f"({type(site['fn']).__name__}); UHA needs every latent site to be "
-                        "continuous. Marginalize it out of the model (sum over its values, "
-                        "or use numpyro's enumeration with infer={'enumerate': 'parallel'} "
-                        "and a guide for the continuous part), or condition on it."
-                    )
+                    continue  # summed out (_enumerate.py), checked below
                 latent.append(name)
+        # discrete latent sites: marginalized by enumeration in the chain's target, drawn
+        # from their exact conditional by the guide (_enumerate.py)
+        self._discrete = _enumerate.discrete_sites(model_trace, "UHAGuide")
+        self._plate_nesting = _enumerate.plate_nesting(model_trace) if self._discrete else 0
         if not latent:
             raise ValueError(
-                "UHAGuide: the model has no latent sample site (every sample site is "
-                "observed), so there is no posterior to approximate."
+                "UHAGuide: the model has no continuous latent sample site (every sample "
+                "site is observed, or discrete), so there is no posterior for UHA's "
+                "dynamics to approximate."
             )
         try:  # q's dimension, to compile the setup's steps early (_precompile_setup)
             return sum(
@@ -1352,10 +1352,15 @@ class UHAGuide(AutoContinuous):
         # model drawing keys (e.g. numpyro.contrib.control_flow.scan) would otherwise split
         # the caller's key inside a JAX transform (the warm start's scan) and leak a tracer.
         seeded = handlers.seed(model, rng_seed=0)
+        enum = bool(self._discrete)
+        if enum:  # discrete latent sites summed out (_enumerate.py)
+            seeded = _enumerate.enumerated(seeded, self._plate_nesting)
 
         def logdensity_fn(z):
             with handlers.block():
-                value = -potential_energy(seeded, args, kwargs, self._unpack_latent(z))
+                value = -potential_energy(
+                    seeded, args, kwargs, self._unpack_latent(z), enum=enum
+                )
             if coords is not None:  # masked-out entries nothing depends on (_masked.py)
                 value = value + completion_log_density(z, coords)
             return value
@@ -1384,6 +1389,7 @@ class UHAGuide(AutoContinuous):
             name
             for name, site in model_trace.items()
             if site["type"] == "sample" and not site["is_observed"] and name not in self._init_locs
+            and name not in self._discrete
         ]
         if extra:
             raise ValueError(
@@ -1692,7 +1698,44 @@ class UHAGuide(AutoContinuous):
             result[original] = numpyro.sample(
                 original, dist.Delta(value, log_density=log_density, event_dim=event_ndim)
             )
+        if self._discrete:
+            # the discrete sites from their exact conditional p(c | z, x) at the chain's
+            # last position, log p(c | z, x) in the guide's density: every ELBO's term is
+            # then the marginal's UHA log weight (_enumerate.py)
+            inputs = (numpyro.prng_key(), latent, model_params, arrays)
+            if setup_call and not _is_tracer(inputs):
+                _enumerate.check_sampler(
+                    partial(self._discrete_impl, spec=spec), inputs, self._discrete, "UHAGuide"
+                )
+            if _is_tracer(inputs):
+                drawn, log_conditional = self._discrete_impl(*inputs, spec=spec)
+            else:
+                drawn, log_conditional = self._program(
+                    self._discrete_impl, spec, quick=True
+                )(*inputs)
+            for name, value in drawn.items():
+                result[name] = numpyro.sample(
+                    name, dist.Delta(value, event_dim=self.prototype_trace[name]["fn"].event_dim)
+                )
+            _guide_factor(f"_{self.prefix}_discrete_factor", log_conditional)
         return result
+
+    def _constrained_latents(self, latent) -> dict:
+        """The guide model's latent sites (non-centered ones in x̃) at the flat
+        unconstrained ``latent``, in their supports."""
+        return {
+            name: biject_to(self.prototype_trace[name]["fn"].support)(value)
+            for name, value in self._unpack_latent(latent).items()
+        }
+
+    def _discrete_impl(self, rng_key, latent, model_params, arrays, *, spec):
+        """The discrete sites drawn from p(c | z, x) at the flat unconstrained
+        ``latent`` z, and log p(c | z, x) (:func:`~numpyro_uha._enumerate.draw_discrete`)."""
+        args, kwargs = _merge_static(arrays, spec)
+        return _enumerate.draw_discrete(
+            rng_key, self._conditioned_model(model_params), self._plate_nesting,
+            self._discrete, args, kwargs, self._constrained_latents(latent),
+        )
 
     def _emitted_impl(self, latent, model_params, arrays, *, spec, mask_off):
         """The guide's sites from the chain's last position ``latent``: for each latent
@@ -1785,6 +1828,8 @@ class UHAGuide(AutoContinuous):
         state.setdefault("_checked_params", _LastSeen())
         state.setdefault("_checked_data", _LastSeen())
         state.setdefault("_hold_data", False)
+        state.setdefault("_discrete", ())
+        state.setdefault("_plate_nesting", 0)
         self.__dict__.update(state)
 
     # ------------------------------------------------------------- sampling
@@ -1822,13 +1867,22 @@ class UHAGuide(AutoContinuous):
             )
             samples = None
             if with_samples:
+                drawn, at_draw = {}, model
+                if self._discrete:
+                    # (z, c) jointly: c from p(c | z, x), the weight z's (_enumerate.py)
+                    drawn = _enumerate.draw_discrete(
+                        jax.random.fold_in(key, 1), model, self._plate_nesting,
+                        self._discrete, args, kwargs, self._constrained_latents(z),
+                    )[0]
+                    at_draw = handlers.substitute(model, data=drawn)
                 with handlers.block():
                     samples = constrain_fn(
-                        handlers.seed(model, 0), args, kwargs, self._unpack_latent(z),
+                        handlers.seed(at_draw, 0), args, kwargs, self._unpack_latent(z),
                         return_deterministic=True,
                     )
                 # the model's own sites only (x, not the guide's coordinates x̃)
                 samples = {k: v for k, v in samples.items() if self._model_site(k) == k}
+                samples.update(drawn)
             return samples, log_weight, z, (info if with_info else None)
 
         # Equal batches in one scan: lax.map's remainder batch would run beside the scan,

@@ -145,7 +145,9 @@ def test_non_scalar_real_arguments_are_rejected(name, value):
 
 
 def discrete_model(y):
-    k = numpyro.sample("k", dist.Bernoulli(0.5))
+    # a discrete site with infinite support: it cannot be summed out (tests/test_enumerate.py
+    # for those that can)
+    k = numpyro.sample("k", dist.Poisson(0.5))
     mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
     with numpyro.plate("data", y.shape[0]):
         numpyro.sample("y", dist.Normal(mu + k, 1.0), obs=y)
@@ -168,7 +170,9 @@ def all_observed_model(y):
         pytest.param(
             subsampled_model, (jnp.zeros(10),), r"plate 'data' subsamples", id="subsampling-plate"
         ),
-        pytest.param(all_observed_model, (Y,), "no latent sample site", id="no-latent-site"),
+        pytest.param(
+            all_observed_model, (Y,), "no continuous latent sample site", id="no-latent-site"
+        ),
     ],
 )
 def test_unsupported_model_fails_at_init(model, args, match):

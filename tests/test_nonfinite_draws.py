@@ -1,6 +1,6 @@
 """Diverged (non-finite) draws: sample_posterior's ``nonfinite`` modes, log Z with diverged
-draws counted as zero weights, ArviZ export, the poor-fit warning, and the advice for
-enumerated discrete sites.
+draws counted as zero weights, ArviZ export and the poor-fit warning (enumerated discrete
+sites, which this file once checked the advice for, are supported: tests/test_enumerate.py).
 
 A diverging draw is made deterministic with a model whose log density is NaN (in value
 only; its gradient is 0) for x > c: with q = N(0, 1), the prior, the draws end in that
@@ -227,23 +227,3 @@ def test_fit_warning_on_a_poor_fit(fitted):
         log_z(guide, KEY, poor, NEVER, num_draws=N)
     with pytest.warns(UHAFitWarning, match="k̂"):
         to_inference_data(guide, KEY, poor, NEVER, num_samples=N, log_likelihood=False)
-
-
-# ----------------------------------------------------------- enumerated sites
-
-
-def enumerated_mixture(y):
-    z = numpyro.sample("z", dist.Categorical(jnp.array([0.5, 0.5])), infer={"enumerate": "parallel"})
-    loc = numpyro.sample("loc", dist.Normal(jnp.zeros(2), 5.0).to_event(1))
-    numpyro.sample("y", dist.Normal(loc[z], 1.0), obs=y)
-
-
-def test_enumerated_discrete_site_gets_fitting_advice():
-    guide = UHAGuide(enumerated_mixture, K=2, warm_start_steps=0)
-    with pytest.raises(ValueError) as info:
-        numpyro.handlers.seed(guide, 0)(jnp.asarray(1.0))
-    message = str(info.value)
-    assert "'z'" in message and "enumerat" in message
-    assert "does not marginalize" in message
-    assert "logsumexp" in message and "TraceEnum_ELBO" in message
-    assert "use numpyro's enumeration" not in message

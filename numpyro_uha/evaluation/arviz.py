@@ -10,6 +10,8 @@ them for self-normalized importance-weighted moments and importance resampling.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import numpy as np
 from numpyro import handlers
@@ -214,7 +216,9 @@ def to_inference_data(
       one value per element of its batch shape, e.g. per data point of a plate),
       computed by running the model with the same ``*args, **kwargs`` and the draw
       substituted (:func:`numpyro.infer.log_likelihood`); only where the model has
-      observed sites and ``log_likelihood=True``;
+      observed sites and ``log_likelihood=True``, and has no discrete latent sites
+      (their draws are in the ``posterior`` group; a warning says why the group is
+      left out);
     - ``sample_stats``: with ``resample=True``, ``uha_draw``: the index of the UHA
       draw each draw copies (into ``draws`` when given); with ``resample=False``,
       ``log_weight``: the UHA log importance weight of each draw;
@@ -369,7 +373,18 @@ def to_inference_data(
         if site["type"] == "sample" and site["is_observed"]
     }
     log_lik = None
-    if observed and log_likelihood:
+    discrete = getattr(guide, "_discrete", ())
+    if observed and log_likelihood and discrete:
+        warnings.warn(
+            f"to_inference_data: no log_likelihood group: the model's discrete latent "
+            f"site(s) {list(discrete)[:6]} are drawn with each posterior draw, and "
+            "log p(y | θ, c) at them is not the pointwise likelihood LOO and WAIC need "
+            "(with the discrete sites summed out). Pass log_likelihood=False to silence "
+            "this.",
+            UserWarning,
+            stacklevel=2,
+        )
+    elif observed and log_likelihood:
         # At the distinct UHA draws, then copied along with them.
         pointwise = _pointwise_log_likelihood(
             guide, params, samples, args, kwargs,

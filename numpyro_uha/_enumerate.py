@@ -1,0 +1,195 @@
+"""Discrete latent sites, marginalized by enumeration (as NumPyro's NUTS does).
+
+UHA's Hamiltonian dynamics need a continuous state. A model with discrete latent sites
+of finite support (a mixture's assignments, an HMM's states) is handled as NumPyro's HMC
+handles it: the chain targets the *marginal* log density of the continuous latents z,
+log Σ_c p(x, z, c), which NumPyro computes with funsor
+(:func:`numpyro.contrib.funsor.log_density` on the model under ``enum(config_enumerate(
+model))``; the discrete sites' enumeration dimensions sit left of the model's plates).
+
+The guide then draws the discrete sites from their exact conditional given the chain's
+last position, c ~ p(c | z, x) (funsor's forward-filter backward-sample,
+:func:`numpyro.contrib.funsor.infer_discrete`), and counts log p(c | z, x) in its own
+log density. Any ELBO's term for the joint draw (z, c) is then
+
+    log p(x, z, c) - log q(z) - log p(c | z, x) = log p(x, z) - log q(z),
+
+the UHA bound's term on the marginal, for every c: ``Trace_ELBO``,
+``TraceEnum_ELBO`` and the rest estimate the same bound, whose gradient is the
+reparameterized one (c enters only through a term that does not depend on it). The
+draws are posterior draws of (z, c) jointly, with the marginal's importance weights.
+
+funsor is an optional dependency (``pip install "numpyro-uha[enum]"``), needed only for
+models with discrete latent sites, as in NumPyro.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+
+import math
+
+import jax
+import jax.numpy as jnp
+from numpyro import handlers
+import numpyro.infer.autoguide as _autoguide
+from numpyro.infer.util import _guess_max_plate_nesting, log_density
+
+EXTRA = 'pip install "numpyro-uha[enum]" (or pip install funsor)'
+
+#: The largest array (elements) the conditional sampler may need, checked at setup: funsor's
+#: backward sampling of a chain of discrete sites written with ``markov`` builds the
+#: joint table of the whole chain (2^40 entries for 40 binary states).
+MAX_SAMPLER_ELEMENTS = 2**27
+
+#: Serializes the swap of numpyro.infer.autoguide.helpful_support_errors.
+_LOCK = threading.RLock()
+
+
+def discrete_sites(model_trace, owner: str) -> tuple:
+    """The latent (unobserved) discrete sample sites of ``model_trace``, in order, each
+    checked to be enumerable; raises naming the site where one is not, and where funsor,
+    which marginalizes them, is not installed."""
+    names = []
+    for name, site in model_trace.items():
+        if site["type"] != "sample" or site["is_observed"] or not site["fn"].support.is_discrete:
+            continue
+        kind = site.get("infer", {}).get("enumerate")
+        if kind not in (None, "parallel"):
+            raise ValueError(
+                f"{owner}: discrete latent site '{name}' is marked "
+                f"infer={{'enumerate': {kind!r}}}; only 'parallel' enumeration (or none: "
+                "every discrete site is enumerated, as by NumPyro's NUTS) is supported."
+            )
+        if not site["fn"].has_enumerate_support:
+            raise ValueError(
+                f"{owner}: latent site '{name}' has a discrete distribution "
+                f"({type(site['fn']).__name__}) without finite support, so it cannot be "
+                "enumerated (summed out) and UHA's dynamics need a continuous state. "
+                "Marginalize it out of the model by hand, truncate it to a finite support "
+                "(e.g. a Categorical over 0..N), or condition on it."
+            )
+        names.append(name)
+    if names:
+        try:
+            importlib.import_module("funsor")
+        except ImportError as err:
+            raise ImportError(
+                f"{owner}: latent site(s) {names} are discrete; they are summed out of "
+                "the model by enumeration, which needs funsor: " + EXTRA + "."
+            ) from err
+    return tuple(names)
+
+
+def plate_nesting(model_trace) -> int:
+    """The model's plate nesting (enumeration dimensions go left of it)."""
+    return _guess_max_plate_nesting(model_trace)
+
+
+def enumerated(model, max_plate_nesting: int):
+    """``model`` with every discrete latent site enumerated in parallel, left of its
+    ``max_plate_nesting`` plate dimensions."""
+    from numpyro.contrib.funsor import config_enumerate, enum
+
+    return enum(config_enumerate(model), -max_plate_nesting - 1)
+
+
+def marginal_log_density(model, max_plate_nesting, args, kwargs, values):
+    """log Σ_c p(x, z, c) at constrained continuous ``values`` z (Jacobians not
+    included: the caller's, as :func:`numpyro.infer.util.log_density`)."""
+    from numpyro.contrib.funsor import log_density as enum_log_density
+
+    return enum_log_density(enumerated(model, max_plate_nesting), args, kwargs, values)[0]
+
+
+def draw_discrete(rng_key, model, max_plate_nesting, names, args, kwargs, values):
+    """The discrete sites ``names`` drawn from p(c | z, x) at constrained continuous
+    ``values`` z, and log p(c | z, x): ``({name: value}, log_prob)``."""
+    from numpyro.contrib.funsor import config_enumerate, infer_discrete
+
+    conditioned = handlers.substitute(model, data=values)
+    sampler = infer_discrete(
+        config_enumerate(conditioned), first_available_dim=-max_plate_nesting - 1,
+        temperature=1, rng_key=rng_key,
+    )
+    with handlers.block():
+        trace = handlers.trace(handlers.seed(sampler, 0)).get_trace(*args, **kwargs)
+        drawn = {name: trace[name]["value"] for name in names}
+        joint = log_density(handlers.seed(model, 0), args, kwargs, {**values, **drawn})[0]
+        marginal = marginal_log_density(
+            handlers.seed(model, 0), max_plate_nesting, args, kwargs, values
+        )
+    return drawn, jnp.asarray(joint - marginal)
+
+
+@contextlib.contextmanager
+def discrete_sites_allowed(names):
+    """Within the block, NumPyro's AutoGuide setup lets the discrete latent sites
+    ``names`` through. Its prototype loop refuses every discrete latent site ("Continuous
+    inference cannot handle discrete sample site"), also an enumerated one that no guide
+    site will stand for; NumPyro's own answer is to hide the site from the guide
+    (``handlers.block``), which would also hide it from NumPyro's initialization, whose
+    potential energy must sum it out. The loop's check (``helpful_support_errors`` around
+    ``biject_to`` of the support) is passed over for these sites only."""
+    names = frozenset(names)
+    if not names:
+        yield
+        return
+    with _LOCK:
+        original = _autoguide.helpful_support_errors
+
+        @contextlib.contextmanager
+        def helpful_support_errors(site, *args, **kwargs):
+            if site.get("name") in names and site["fn"].support.is_discrete:
+                try:
+                    yield
+                except NotImplementedError:  # biject_to of a discrete support
+                    pass
+                return
+            with original(site, *args, **kwargs):
+                yield
+
+        _autoguide.helpful_support_errors = helpful_support_errors
+        try:
+            yield
+        finally:
+            _autoguide.helpful_support_errors = original
+
+
+def check_sampler(draw, inputs, names, owner: str):
+    """Raise a clear error where ``draw`` (the guide's conditional draw of the discrete
+    sites ``names``, called with ``inputs``) cannot run: NumPyro's ``infer_discrete``
+    raises (e.g. discrete sites inside ``numpyro.contrib.control_flow.scan``), or its
+    program needs an array too large to hold (a chain of dependent discrete sites).
+    Traced only (``jax.make_jaxpr``): nothing is compiled or allocated."""
+    why = None
+    try:
+        jaxpr = jax.make_jaxpr(draw)(*inputs)
+    except Exception as err:  # noqa: BLE001 - reported below, with the cause chained
+        why, cause = f"NumPyro's infer_discrete failed ({type(err).__name__}: {err})", err
+    else:
+        cause = None
+        largest = max(
+            (math.prod(v.aval.shape) for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars
+             if hasattr(v.aval, "shape")),
+            default=0,
+        )
+        if largest > MAX_SAMPLER_ELEMENTS:
+            why = (
+                f"drawing them with NumPyro's infer_discrete needs an array of {largest:.3g} "
+                "elements (funsor's backward sampling of a chain of dependent discrete "
+                "sites builds the joint table of the whole chain)"
+            )
+    if why is None:
+        return
+    raise ValueError(
+        f"{owner}: the discrete latent site(s) {list(names)[:6]}"
+        f"{' ...' if len(names) > 6 else ''} are summed out of UHA's target, and the "
+        "guide draws them from their exact conditional p(c | z, x) so that every ELBO "
+        f"estimates UHA's bound; for this model {why}. Discrete sites that are "
+        "independent given the continuous ones (mixture assignments, indicators in a "
+        "plate) are supported; for a hidden Markov chain, marginalize the states by hand "
+        "(a forward algorithm in a numpyro.factor, e.g. with jax.lax.scan) or use NUTS."
+    ) from cause

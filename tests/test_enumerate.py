@@ -1,0 +1,210 @@
+"""Discrete latent sites, summed out by enumeration (numpyro_uha/_enumerate.py).
+
+A two-component mixture with known weights and offsets and one continuous latent, the
+common mean mu: its evidence and each assignment's posterior are one-dimensional
+integrals over mu, computed here by quadrature (float64), so the guide's weights, its
+draws of the assignments and its ELBO terms are checked against exact values.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from numpyro.infer import SVI, Trace_ELBO, TraceEnum_ELBO
+from numpyro.primitives import Messenger
+from scipy.special import logsumexp
+from scipy.stats import norm
+
+from numpyro_uha import UHAGuide
+from numpyro_uha.core import annealed_sample
+
+OFFSETS = np.array([-1.5, 1.5])
+WEIGHTS = np.array([0.3, 0.7])
+PRIOR_SD = 2.0
+Y = jnp.asarray(
+    np.random.default_rng(0).normal(size=12) + np.array([-1.0, 2.5, 0.3, 1.8, -2.2, 1.1] * 2),
+    jnp.float32,
+)
+
+
+def mixture(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))
+    with numpyro.plate("data", y.shape[0]):
+        c = numpyro.sample("c", dist.Categorical(jnp.asarray(WEIGHTS)),
+                           infer={"enumerate": "parallel"})
+        numpyro.sample("y", dist.Normal(mu + jnp.asarray(OFFSETS)[c], 1.0), obs=y)
+
+
+def unmarked_mixture(y):
+    """The same model with a Bernoulli assignment and no enumerate annotation (NumPyro's
+    NUTS enumerates such a site anyway, and so does the guide)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))
+    with numpyro.plate("data", y.shape[0]):
+        c = numpyro.sample("c", dist.Bernoulli(WEIGHTS[1]))
+        numpyro.sample("y", dist.Normal(mu + jnp.asarray(OFFSETS)[c], 1.0), obs=y)
+
+
+def exact(y):
+    """log Z and p(c_i = 1 | y), by quadrature over mu."""
+    y = np.asarray(y, np.float64)
+    grid = np.linspace(-12.0, 12.0, 48001)
+    # log p(y_i, c_i = k | mu) on the grid: (grid, data, component)
+    joint = np.log(WEIGHTS) + norm.logpdf(y[None, :, None], grid[:, None, None] + OFFSETS, 1.0)
+    per_point = logsumexp(joint, axis=2)
+    log_post = norm.logpdf(grid, 0.0, PRIOR_SD) + per_point.sum(axis=1)
+    dx = grid[1] - grid[0]
+    log_z = logsumexp(log_post) + np.log(dx)
+    post = np.exp(log_post - logsumexp(log_post))
+    responsibility = np.exp(joint[:, :, 1] - per_point)
+    return log_z, post @ responsibility
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    guide = UHAGuide(mixture, K=6)
+    svi = SVI(mixture, guide, optax.adam(3e-3), Trace_ELBO())
+    params = svi.run(jax.random.PRNGKey(0), 300, Y, progress_bar=False).params
+    return guide, params
+
+
+def test_weights_estimate_the_exact_evidence_and_the_draws_the_assignments_posterior(fitted):
+    """The importance weights' mean is the exact evidence (the chain's target sums the
+    assignments out), and the draws' weighted assignments have the exact posterior
+    p(c_i = 1 | y); tolerances from the weights' Monte Carlo standard errors."""
+    guide, params = fitted
+    draws = guide.sample_posterior_with_log_weights(
+        jax.random.PRNGKey(1), params, Y, sample_shape=(4000,)
+    )
+    log_z, p_c = exact(Y)
+    log_w = np.asarray(draws.log_weights, np.float64)
+    w = np.exp(log_w - log_w.max())
+    rel_se = w.std() / w.mean() / np.sqrt(w.size)
+    estimate = np.log(w.mean()) + log_w.max()
+    assert abs(estimate - log_z) < 4 * rel_se + 1e-3, (estimate, log_z, rel_se)
+    assert draws.samples["c"].shape == (4000, Y.shape[0])
+    normalized = w / w.sum()
+    ess = 1.0 / np.sum(normalized**2)
+    weighted = normalized @ np.asarray(draws.samples["c"], np.float64)
+    se = np.sqrt(np.maximum(p_c * (1 - p_c), 1e-4) / ess)
+    np.testing.assert_array_less(np.abs(weighted - p_c), 4 * se)
+    assert np.ptp(p_c) > 0.5  # assignments that the data decide, both ways
+
+
+class RecordKeys(Messenger):
+    def __init__(self, fn=None):
+        self.keys = []
+        super().__init__(fn)
+
+    def postprocess_message(self, msg):
+        if msg["type"] == "prng_key":
+            self.keys.append(msg["value"])
+
+
+def test_every_elbos_term_is_the_marginals_log_weight(fitted):
+    """Draw by draw, Trace_ELBO's term for the guide's joint draw (z, c) is the core's
+    log weight on the marginal target with the same chain key: the guide's density
+    carries log p(c | z, x), so log p(x, z, c) - log p(c | z, x) = log p(x, z) whatever
+    c is. TraceEnum_ELBO (which seeds the guide alike) gives the same terms."""
+    guide, params = fitted
+    annealing = guide.get_annealing_params(params)
+    logdensity_fn = guide.get_logdensity_fn(params, Y)
+
+    @jax.jit
+    def term_and_keys(rng_key):
+        recorder = RecordKeys(guide)
+        return -Trace_ELBO().loss(rng_key, params, mixture, recorder, Y), recorder.keys
+
+    enum_term = jax.jit(lambda key: -TraceEnum_ELBO().loss(key, params, mixture, guide, Y))
+    terms, enum_terms, log_w = [], [], []
+    for seed in range(4):
+        term, keys = term_and_keys(jax.random.PRNGKey(seed))
+        core_log_w = annealed_sample(
+            keys[0], logdensity_fn, annealing, num_leapfrog_steps=guide.num_leapfrog_steps,
+            integrator=guide.integrator,
+        )[1]
+        terms.append(float(term))
+        enum_terms.append(float(enum_term(jax.random.PRNGKey(seed))))
+        log_w.append(float(core_log_w))
+    np.testing.assert_allclose(terms, log_w, rtol=1e-5, atol=2e-3)
+    np.testing.assert_allclose(enum_terms, log_w, rtol=1e-5, atol=2e-3)
+    assert np.std(log_w) > 1e-3
+
+
+def test_an_unmarked_bernoulli_site_is_enumerated_too():
+    """No enumerate annotation: the site is summed out all the same (NumPyro's NUTS does
+    the same), and the draws' assignments are Bernoulli values."""
+    guide = UHAGuide(unmarked_mixture, K=2, warm_start_steps=50)
+    svi = SVI(unmarked_mixture, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y))
+    log_z = exact(Y)[0]
+    value = guide.get_logdensity_fn(params, Y)(jnp.array([0.4]))
+    grid_value = (
+        norm.logpdf(0.4, 0.0, PRIOR_SD)
+        + logsumexp(np.log(WEIGHTS) + norm.logpdf(np.asarray(Y)[:, None], 0.4 + OFFSETS), axis=1).sum()
+    )
+    np.testing.assert_allclose(float(value), grid_value, rtol=1e-5)
+    draws = guide.sample_posterior(jax.random.PRNGKey(1), params, Y, sample_shape=(5,))
+    assert set(np.unique(np.asarray(draws["c"]))) <= {0, 1}
+    assert np.isfinite(log_z)
+
+
+def poisson_latent(y):
+    k = numpyro.sample("k", dist.Poisson(3.0))
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    numpyro.sample("y", dist.Normal(mu + k, 1.0).expand([y.shape[0]]).to_event(1), obs=y)
+
+
+def sequential_site(y):
+    k = numpyro.sample("k", dist.Bernoulli(0.5), infer={"enumerate": "sequential"})
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    numpyro.sample("y", dist.Normal(mu + k, 1.0).expand([y.shape[0]]).to_event(1), obs=y)
+
+
+def markov_chain(y):
+    from numpyro.contrib.funsor import markov
+
+    loc = numpyro.sample("loc", dist.Normal(0.0, 1.0))
+    x = 0
+    for t in markov(range(y.shape[0])):
+        x = numpyro.sample(f"x_{t}", dist.Bernoulli(jnp.where(x == 1, 0.9, 0.1)))
+        numpyro.sample(f"y_{t}", dist.Normal(loc * x, 1.0), obs=y[t])
+
+
+@pytest.mark.parametrize(
+    "model, match",
+    [
+        (poisson_latent, r"'k' has a discrete distribution \(Poisson\) without finite support"),
+        (sequential_site, r"'k' is marked infer=\{'enumerate': 'sequential'\}"),
+        (markov_chain, r"needs an array of .* elements"),
+    ],
+    ids=["infinite-support", "sequential", "markov-chain"],
+)
+def test_discrete_sites_it_cannot_sum_out_or_draw_get_a_clear_error(model, match):
+    y = jnp.zeros(40 if model is markov_chain else 3)
+    guide = UHAGuide(model, K=2, warm_start_steps=0)
+    with pytest.raises(ValueError, match=match):
+        numpyro.handlers.seed(guide, 0)(y)
+
+
+def test_without_funsor_the_error_says_what_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "funsor", None)  # import funsor raises ImportError
+    guide = UHAGuide(mixture, K=2, warm_start_steps=0)
+    with pytest.raises(ImportError, match=r"\['c'\] are discrete.*numpyro-uha\[enum\]"):
+        numpyro.handlers.seed(guide, 0)(Y)
+
+
+def test_the_export_leaves_out_the_conditional_log_likelihood(fitted):
+    """ArviZ export: the assignments are in the posterior group; the log-likelihood at
+    them would be p(y | mu, c), not what LOO needs, so the group is left out, saying so."""
+    from numpyro_uha.evaluation import to_inference_data
+
+    guide, params = fitted
+    with pytest.warns(UserWarning, match=r"no log_likelihood group.*\['c'\]"):
+        idata = to_inference_data(guide, jax.random.PRNGKey(2), params, Y, num_samples=50)
+    assert "log_likelihood" not in idata.groups()
+    assert idata.posterior["c"].shape == (1, 50, Y.shape[0])

@@ -322,6 +322,8 @@ SLOW_PAGES = {
     "docs/how-to/compare-nuts.md",
     "docs/how-to/predict.md",
     "docs/how-to/extrapolate-k.md",
+    # 25-40 s; its code paths are in the default suite (tests/test_enumerate.py)
+    "docs/how-to/discrete.md",
 }
 
 

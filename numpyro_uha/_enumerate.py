@@ -83,6 +83,20 @@ def discrete_sites(model_trace, owner: str) -> tuple:
     return tuple(names)
 
 
+def enumeration_failed(names, err) -> str:
+    """The message for a model that raised when run with its discrete sites ``names``
+    enumerated (NumPyro's NUTS raises the same)."""
+    return (
+        f"UHAGuide: the model raised {type(err).__name__}: {err} -- when run with its "
+        f"discrete latent site(s) {list(names)[:6]} enumerated, as NumPyro's NUTS runs "
+        "it too. Enumeration puts each discrete site's values in a new dimension left of "
+        "the model's plates, so the model must broadcast: batch dimensions declared with "
+        "numpyro.plate (not .expand([n]).to_event(1) of a distribution whose parameters "
+        "depend on a discrete site), and indexing that keeps leading dimensions (x[..., i]"
+        " rather than x[i]; Vindex from numpyro.contrib.indexing)."
+    )
+
+
 def plate_nesting(model_trace) -> int:
     """The model's plate nesting (enumeration dimensions go left of it)."""
     return _guess_max_plate_nesting(model_trace)

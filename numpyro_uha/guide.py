@@ -716,6 +716,11 @@ class UHAGuide(AutoContinuous):
             if "valid initial parameters" not in str(err):
                 raise
             raise ValueError(self._describe_bad_initial_point(args, kwargs)) from err
+        except (ValueError, TypeError, IndexError) as err:
+            if not self._discrete:
+                raise
+            # the model failed only when its discrete sites were enumerated
+            raise ValueError(_enumerate.enumeration_failed(self._discrete, err)) from err
         if decenter:
             reached = tuple(n for n in decenter if n + _decenter.SUFFIX in self.prototype_trace)
             if self.requested_decenter != "auto" and len(reached) < len(decenter):
@@ -1203,9 +1208,18 @@ class UHAGuide(AutoContinuous):
         if self.requested_decenter is False:
             return ()
         if self.requested_decenter == "auto":
-            return tuple(_decenter.find_decenterable(self._user_model, args, kwargs))
+            found = tuple(_decenter.find_decenterable(self._user_model, args, kwargs))
+            moving = self._moved_by_discrete(found, args, kwargs)
+            return tuple(n for n in found if n not in moving)
         names = tuple(self.requested_decenter)
         model_trace = self._trace_at_init(self._user_model, args, kwargs)
+        moving = self._moved_by_discrete(names, args, kwargs)
+        if moving:
+            raise ValueError(
+                f"UHAGuide: decenter site(s) {moving} have a loc or scale that depends on "
+                f"the discrete latent site(s) {list(self._discrete)}, which are summed out: "
+                "non-centered, their values would too. Leave them out of decenter."
+            )
         for name in names:
             site = model_trace.get(name)
             if site is None or site["type"] != "sample" or site["is_observed"]:
@@ -1219,6 +1233,44 @@ class UHAGuide(AutoContinuous):
                     "non-centered."
                 )
         return names
+
+    def _moved_by_discrete(self, names, args, kwargs) -> list:
+        """The sites among ``names`` whose loc or scale changes with the discrete latent
+        sites' values (the model traced at its initial point with every discrete site at
+        the first, then the last value of its support). Non-centered, such a site's value
+        x = loc(c) + scale(c) x̃ would move with c, which the chain sums out. All of
+        ``names`` where the model cannot be traced so."""
+        if not self._discrete or not names:
+            return []
+        try:
+            base = self._trace_at_init(self._user_model, args, kwargs)
+            continuous = {
+                n: site["value"] for n, site in base.items()
+                if site["type"] == "sample" and not site["is_observed"]
+                and n not in self._discrete
+            }
+
+            def standardized(pick):
+                discrete = {}
+                for n in self._discrete:
+                    support = base[n]["fn"].enumerate_support(expand=False)
+                    discrete[n] = jnp.broadcast_to(support[pick], jnp.shape(base[n]["value"]))
+                model = handlers.substitute(
+                    handlers.seed(self._user_model, 0), data={**continuous, **discrete}
+                )
+                with handlers.block():
+                    model_trace = handlers.trace(model).get_trace(*args, **kwargs)
+                return {
+                    n: np.asarray(_decenter.to_standard(
+                        _decenter._unwrap(model_trace[n]["fn"]), continuous[n]
+                    ))
+                    for n in names
+                }
+
+            first, last = standardized(0), standardized(-1)
+        except Exception:  # noqa: BLE001 - not traceable so: none non-centered
+            return list(names)
+        return [n for n in names if not np.allclose(first[n], last[n], equal_nan=True)]
 
     def _abstract_trace(self, model, args, kwargs):
         """The model's trace at init (:meth:`_trace_at_init`) with abstract values: its
@@ -2370,7 +2422,11 @@ class UHAGuide(AutoContinuous):
                     own_model, args, kwargs, values, self.decentered_sites
                 )
             with handlers.block():
-                unconstrained = unconstrain_fn(model, args, kwargs, values)
+                # seeded: discrete latent sites, not among the values, are drawn (the
+                # continuous sites' supports and transforms do not depend on them)
+                unconstrained = unconstrain_fn(
+                    handlers.seed(model, 0), args, kwargs, values
+                )
             return jnp.concatenate([jnp.reshape(unconstrained[name], -1) for name in self._init_locs])
 
         flat = {name: jnp.reshape(jnp.asarray(samples[name]), (-1,) + shape)

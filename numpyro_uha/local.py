@@ -376,8 +376,10 @@ class UHALocalGuide(AutoGuide):
             if site["fn"].support.is_discrete:
                 raise ValueError(
                     f"UHALocalGuide: local site '{n}' is discrete ({type(site['fn']).__name__}); "
-                    "UHA needs continuous latent variables. Marginalize it out (e.g. with "
-                    "numpyro.contrib.funsor's enumeration in the model) or make it continuous."
+                    "UHA needs continuous latent variables, and this guide does not sum "
+                    "discrete ones out (UHAGuide does, on the full data). Marginalize it "
+                    "by hand (the logsumexp over its values in a numpyro.factor) or make "
+                    "it continuous."
                 )
             inner = [
                 f.name for f in site["cond_indep_stack"]
@@ -393,7 +395,8 @@ class UHALocalGuide(AutoGuide):
             if trace[n]["fn"].support.is_discrete:
                 raise ValueError(
                     f"UHALocalGuide: global site '{n}' is discrete; the global guide needs "
-                    "continuous latent variables."
+                    "continuous latent variables (this guide does not sum discrete sites "
+                    "out; UHAGuide does, on the full data)."
                 )
         self._global_latents = global_latents
         self._model_param_sites = {n: s for n, s in trace.items() if s["type"] == "param"}

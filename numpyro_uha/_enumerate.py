@@ -198,6 +198,13 @@ def check_sampler(draw, inputs, names, owner: str):
             )
     if why is None:
         return
+    masked = [n for n in names if n.endswith("_unobserved")]
+    if cause is not None and masked:
+        why += (
+            f"; {masked} come from obs_mask on a discrete site, on which infer_discrete "
+            "(and NumPyro's Predictive(..., infer_discrete=True)) fails: give the labelled "
+            "and the unlabelled data a site each (observed, and latent) instead"
+        )
     raise ValueError(
         f"{owner}: the discrete latent site(s) {list(names)[:6]}"
         f"{' ...' if len(names) > 6 else ''} are summed out of UHA's target, and the "

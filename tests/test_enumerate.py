@@ -173,14 +173,26 @@ def markov_chain(y):
         numpyro.sample(f"y_{t}", dist.Normal(loc * x, 1.0), obs=y[t])
 
 
+def masked_labels(y):
+    """Labels observed where the mask is set (obs_mask on a discrete site)."""
+    loc = numpyro.sample("loc", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        c = numpyro.sample(
+            "c", dist.Bernoulli(0.5), obs=jnp.zeros(y.shape[0], jnp.int32),
+            obs_mask=jnp.arange(y.shape[0]) < 1, infer={"enumerate": "parallel"},
+        )
+        numpyro.sample("y", dist.Normal(loc * c, 1.0), obs=y)
+
+
 @pytest.mark.parametrize(
     "model, match",
     [
+        (masked_labels, r"\['c_unobserved'\] come from obs_mask on a discrete site"),
         (poisson_latent, r"'k' has a discrete distribution \(Poisson\) without finite support"),
         (sequential_site, r"'k' is marked infer=\{'enumerate': 'sequential'\}"),
         (markov_chain, r"needs an array of .* elements"),
     ],
-    ids=["infinite-support", "sequential", "markov-chain"],
+    ids=["obs-mask", "infinite-support", "sequential", "markov-chain"],
 )
 def test_discrete_sites_it_cannot_sum_out_or_draw_get_a_clear_error(model, match):
     y = jnp.zeros(30 if model is markov_chain else 3)  # 2^30 table entries

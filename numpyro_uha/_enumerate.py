@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
-
 import math
+import threading
 
 import jax
 import jax.numpy as jnp

@@ -1237,9 +1237,10 @@ class UHAGuide(AutoContinuous):
     def _moved_by_discrete(self, names, args, kwargs) -> list:
         """The sites among ``names`` whose loc or scale changes with the discrete latent
         sites' values (the model traced at its initial point with every discrete site at
-        the first, then the last value of its support). Non-centered, such a site's value
-        x = loc(c) + scale(c) x̃ would move with c, which the chain sums out. All of
-        ``names`` where the model cannot be traced so."""
+        the i-th value of its support, for each i up to the largest support's size, 16
+        at most). Non-centered, such a site's value x = loc(c) + scale(c) x̃ would move
+        with c, which the chain sums out. All of ``names`` where the model cannot be
+        traced so."""
         if not self._discrete or not names:
             return []
         try:
@@ -1250,11 +1251,15 @@ class UHAGuide(AutoContinuous):
                 and n not in self._discrete
             }
 
+            supports = {n: base[n]["fn"].enumerate_support(expand=False) for n in self._discrete}
+
             def standardized(pick):
-                discrete = {}
-                for n in self._discrete:
-                    support = base[n]["fn"].enumerate_support(expand=False)
-                    discrete[n] = jnp.broadcast_to(support[pick], jnp.shape(base[n]["value"]))
+                discrete = {
+                    n: jnp.broadcast_to(
+                        support[min(pick, len(support) - 1)], jnp.shape(base[n]["value"])
+                    )
+                    for n, support in supports.items()
+                }
                 model = handlers.substitute(
                     handlers.seed(self._user_model, 0), data={**continuous, **discrete}
                 )
@@ -1267,10 +1272,17 @@ class UHAGuide(AutoContinuous):
                     for n in names
                 }
 
-            first, last = standardized(0), standardized(-1)
+            first = standardized(0)
+            others = [
+                standardized(i)
+                for i in range(1, min(16, max(len(s) for s in supports.values())))
+            ]
         except Exception:  # noqa: BLE001 - not traceable so: none non-centered
             return list(names)
-        return [n for n in names if not np.allclose(first[n], last[n], equal_nan=True)]
+        return [
+            n for n in names
+            if not all(np.allclose(first[n], other[n], equal_nan=True) for other in others)
+        ]
 
     def _abstract_trace(self, model, args, kwargs):
         """The model's trace at init (:meth:`_trace_at_init`) with abstract values: its

@@ -213,3 +213,44 @@ def check_sampler(draw, inputs, names, owner: str):
         "plate) are supported; for a hidden Markov chain, marginalize the states by hand "
         "(a forward algorithm in a numpyro.factor, e.g. with jax.lax.scan) or use NUTS."
     ) from cause
+
+
+def pointwise_log_likelihood(model, max_plate_nesting, names, args, kwargs, values) -> dict:
+    """log p(y | θ) of every observed site, per element of its batch shape, at one
+    draw's ``values`` (every latent site, the discrete ``names`` included): each
+    observed site's *local* discrete sites (in its plates only, e.g. a mixture's
+    assignment of each data point) are summed out, the others (shared by several
+    elements, e.g. a global switch) are held at their drawn values, as the continuous
+    latents are. For LOO and WAIC, which need p(y_i | θ) with y_i's own latents summed out.
+    """
+    with handlers.block():
+        plain = handlers.trace(handlers.substitute(handlers.seed(model, 0), data=values)).get_trace(
+            *args, **kwargs
+        )
+    plates = {
+        n: {f.name for f in site["cond_indep_stack"]} for n, site in plain.items()
+        if site["type"] == "sample"
+    }
+    out = {}
+    for name, site in plain.items():
+        if site["type"] != "sample" or not site["is_observed"]:
+            continue
+        local = [c for c in names if plates[c] and plates[c] <= plates[name]]
+        # conditioned, not substituted: the enumeration would overwrite a substituted
+        # discrete value with its support (condition leaves deterministic sites, e.g. a
+        # mean computed from c, to follow the enumerated values)
+        held = {k: v for k, v in values.items() if k not in local}
+        with handlers.block():
+            enum_trace = handlers.trace(
+                enumerated(handlers.condition(handlers.seed(model, 0), data=held),
+                           max_plate_nesting)
+            ).get_trace(*args, **kwargs)
+        site_e = enum_trace[name]
+        total = site_e["fn"].log_prob(site_e["value"])
+        for c in local:
+            total = total + enum_trace[c]["fn"].log_prob(enum_trace[c]["value"])
+        batch_ndim = len(site["fn"].batch_shape)
+        extra = tuple(range(jnp.ndim(total) - batch_ndim))  # the enumeration dimensions
+        total = jax.scipy.special.logsumexp(total, axis=extra) if extra else total
+        out[name] = jnp.broadcast_to(total, site["fn"].batch_shape)
+    return out

@@ -210,18 +210,6 @@ def test_without_funsor_the_error_says_what_to_install(monkeypatch):
         numpyro.handlers.seed(guide, 0)(Y)
 
 
-def test_the_export_leaves_out_the_conditional_log_likelihood(fitted):
-    """ArviZ export: the assignments are in the posterior group; the log-likelihood at
-    them would be p(y | mu, c), not what LOO needs, so the group is left out, saying so."""
-    from numpyro_uha.evaluation import to_inference_data
-
-    guide, params = fitted
-    with pytest.warns(UserWarning, match=r"no log_likelihood group.*\['c'\]"):
-        idata = to_inference_data(guide, jax.random.PRNGKey(2), params, Y, num_samples=50)
-    assert "log_likelihood" not in idata.groups()
-    assert idata.posterior["c"].shape == (1, 50, Y.shape[0])
-
-
 def test_reference_draws_without_the_discrete_sites_map_to_the_chains_latent(fitted):
     """NUTS's draws of an enumerated model hold the continuous sites only: they map to
     the guide's flat latent (for sandwich and log_z_bracket) all the same."""
@@ -313,3 +301,53 @@ def test_a_model_that_does_not_broadcast_under_enumeration_gets_a_hint():
     guide = UHAGuide(unplated, K=2, warm_start_steps=0)
     with pytest.raises(ValueError, match=r"enumerated, as NumPyro's NUTS.*numpyro.plate"):
         numpyro.handlers.seed(guide, 0)(Y6)
+
+
+def mixture_with_a_deterministic_mean(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))
+    with numpyro.plate("data", y.shape[0]):
+        c = numpyro.sample("c", dist.Categorical(jnp.asarray(WEIGHTS)),
+                           infer={"enumerate": "parallel"})
+        mean = numpyro.deterministic("mean", mu + jnp.asarray(OFFSETS)[c])
+        numpyro.sample("y", dist.Normal(mean, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("model", [mixture, mixture_with_a_deterministic_mean])
+def test_the_exports_log_likelihood_sums_each_points_assignment_out(model):
+    """ArviZ export: log p(y_i | mu) = log Σ_k w_k N(y_i; mu + a_k, 1) at each draw's mu
+    (not log N(y_i; mu + a_{c_i}, 1) at the drawn c_i), also where the mean passes
+    through a deterministic site (held at its drawn value, it would not follow c)."""
+    from numpyro_uha.evaluation import to_inference_data
+
+    guide = UHAGuide(model, K=2, warm_start_steps=50)
+    svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y))
+    idata = to_inference_data(guide, jax.random.PRNGKey(2), params, Y, num_samples=20)
+    assert idata.posterior["c"].shape == (1, 20, Y.shape[0])
+    mu = np.asarray(idata.posterior["mu"]).reshape(-1)
+    expected = logsumexp(
+        np.log(WEIGHTS) + norm.logpdf(
+            np.asarray(Y, np.float64)[None, :, None], mu[:, None, None] + OFFSETS, 1.0
+        ),
+        axis=2,
+    )
+    np.testing.assert_allclose(
+        np.asarray(idata.log_likelihood["y"]).reshape(20, -1), expected, rtol=1e-5, atol=1e-4
+    )
+
+
+def test_a_shared_discrete_site_is_held_at_its_draw_in_the_log_likelihood():
+    """A global switch c (shared by all points) is a parameter to LOO: the pointwise
+    log-likelihood conditions on its drawn value."""
+    from numpyro_uha.evaluation import to_inference_data
+
+    guide = UHAGuide(switch_on_the_data, K=2, warm_start_steps=50)
+    svi = SVI(switch_on_the_data, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y6))
+    idata = to_inference_data(guide, jax.random.PRNGKey(2), params, Y6, num_samples=20)
+    a = np.asarray(idata.posterior["a"]).reshape(20, 3)
+    c = np.asarray(idata.posterior["c"]).reshape(20)
+    expected = norm.logpdf(np.asarray(Y6)[None], a[:, np.asarray(IDX)] + 2.0 * c[:, None], 1.0)
+    np.testing.assert_allclose(
+        np.asarray(idata.log_likelihood["y"]).reshape(20, -1), expected, rtol=1e-5, atol=1e-4
+    )

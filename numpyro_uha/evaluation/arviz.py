@@ -10,13 +10,12 @@ them for self-normalized importance-weighted moments and importance resampling.
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import numpy as np
 from numpyro import handlers
 from numpyro.primitives import Messenger
 
+from numpyro_uha import _enumerate
 from numpyro_uha._keywords import check_model_keywords, model_of
 from numpyro_uha._weights import (  # noqa: F401 -- the public ones re-exported
     ELBO_SE_BAD,
@@ -216,9 +215,11 @@ def to_inference_data(
       one value per element of its batch shape, e.g. per data point of a plate),
       computed by running the model with the same ``*args, **kwargs`` and the draw
       substituted (:func:`numpyro.infer.log_likelihood`); only where the model has
-      observed sites and ``log_likelihood=True``, and has no discrete latent sites
-      (their draws are in the ``posterior`` group; a warning says why the group is
-      left out);
+      observed sites and ``log_likelihood=True``. With discrete latent sites (their
+      draws are in the ``posterior`` group), each data point's own discrete sites (in
+      its plates only, e.g. a mixture's assignment) are summed out, as LOO needs
+      p(y_i | θ) with y_i's own latents summed out; discrete sites shared by several
+      points are held at their drawn values, as the continuous latents are;
     - ``sample_stats``: with ``resample=True``, ``uha_draw``: the index of the UHA
       draw each draw copies (into ``draws`` when given); with ``resample=False``,
       ``log_weight``: the UHA log importance weight of each draw;
@@ -373,18 +374,7 @@ def to_inference_data(
         if site["type"] == "sample" and site["is_observed"]
     }
     log_lik = None
-    discrete = getattr(guide, "_discrete", ())
-    if observed and log_likelihood and discrete:
-        warnings.warn(
-            f"to_inference_data: no log_likelihood group: the model's discrete latent "
-            f"site(s) {list(discrete)[:6]} are drawn with each posterior draw, and "
-            "log p(y | θ, c) at them is not the pointwise likelihood LOO and WAIC need "
-            "(with the discrete sites summed out). Pass log_likelihood=False to silence "
-            "this.",
-            UserWarning,
-            stacklevel=2,
-        )
-    elif observed and log_likelihood:
+    if observed and log_likelihood:
         # At the distinct UHA draws, then copied along with them.
         pointwise = _pointwise_log_likelihood(
             guide, params, samples, args, kwargs,
@@ -548,6 +538,13 @@ def _pointwise_log_likelihood(guide, params, samples, args, kwargs, batch_size):
 
     # the model as written: the draws hold its own sites (x, not a non-centered x_decentered)
     model = handlers.seed(_with_model_params(model_of(guide), params), 0)
+    discrete = getattr(guide, "_discrete", ())
+    if discrete:
+        # each data point's own discrete sites summed out, at every draw (_enumerate.py)
+        one = jax.jit(lambda values: _enumerate.pointwise_log_likelihood(
+            model, guide._plate_nesting, discrete, args, kwargs, values
+        ))
+        return _in_chunks(lambda _, chunk: jax.vmap(one)(chunk), samples, batch_size)
     return _in_chunks(
         lambda _, chunk: log_likelihood(
             model, chunk, *args, parallel=True, batch_ndims=1, **kwargs

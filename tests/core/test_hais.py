@@ -19,6 +19,12 @@ from numpyro_uha.core import hais_sample, make_params
 
 from tests.core.test_annealing import DIM, LOG_Z, gaussian_target
 
+try:
+    enable_x64 = jax.enable_x64
+except AttributeError:  # jax 0.7.0, the supported lower end, has it in jax.experimental
+    from jax.experimental import enable_x64
+
+
 INTEGRATORS = ["velocity_verlet", "position_verlet"]
 # Step sizes giving 30-45 % rejection with ``rejecting_params()``; the drift-kick-drift
 # order is less stable for this Gaussian, so it needs smaller steps.
@@ -131,7 +137,7 @@ def test_energy_error_per_step_is_third_order_for_any_parameters(integrator):
     (or any other mismatch between the dynamics and the kinetic energy) makes it 1. The
     band ±0.4 leaves room for the O(ε⁴) term at ε = 0.1 (fits of 2.99-3.2 on these
     seeds) and is still far from 1 or 2."""
-    with jax.enable_x64(True):
+    with enable_x64(True):
         for seed in range(4):
             errors = mean_energy_error(random_dynamics(seed), STEP_SIZES, integrator)
             order = fitted_order(STEP_SIZES, errors)
@@ -142,7 +148,7 @@ def test_energy_error_per_step_is_third_order_for_any_parameters(integrator):
 def test_energy_error_over_a_fixed_time_is_second_order(integrator):
     """L = 4, 8, 16 steps of ε = 0.1, 0.05, 0.025 cover the same time: the global energy
     error is O(ε²)."""
-    with jax.enable_x64(True):
+    with enable_x64(True):
         for seed in range(2):
             errors = mean_energy_error(
                 random_dynamics(10 + seed), STEP_SIZES, integrator, num_leapfrog_steps=[4, 8, 16]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from numpyro_uha.core import (
+
     annealed_sample,
     annealed_sample_rows,
     hais_sample_rows,
@@ -19,6 +20,11 @@ from numpyro_uha.core import (
     reverse_annealed_sample_rows,
     uha_sample_rows,
 )
+
+try:
+    enable_x64 = jax.enable_x64
+except AttributeError:  # jax 0.7.0, the supported lower end, has it in jax.experimental
+    from jax.experimental import enable_x64
 
 ROWS, DIM, K = 5, 3, 6
 RNG = np.random.default_rng(0)
@@ -99,7 +105,7 @@ CASES = [
 def test_each_row_is_the_single_chain_with_its_key(per_row, integrator, corrected):
     # In float64: the corrected chains with large steps amplify float32 rounding (the joint
     # and the single evaluation round differently), which would hide a real difference.
-    with jax.enable_x64(True):
+    with enable_x64(True):
         _check_rows_equal_single(per_row, integrator, corrected)
 
 
@@ -131,7 +137,7 @@ def _check_rows_equal_single(per_row, integrator, corrected):
 
 @pytest.mark.parametrize("per_row", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_reverse_rows_are_the_single_reverse_chains(per_row):
-    with jax.enable_x64(True):
+    with enable_x64(True):
         _check_reverse_rows(per_row)
 
 

@@ -14,12 +14,12 @@ import numpyro.distributions as dist
 import optax
 import pytest
 from numpyro.infer import SVI, Trace_ELBO, TraceEnum_ELBO
-from numpyro.primitives import Messenger
 from scipy.special import logsumexp
 from scipy.stats import norm
 
 from numpyro_uha import UHAGuide
-from numpyro_uha.core import annealed_sample
+
+from tests.test_guide_weights import elbo_terms_and_core_weights
 
 OFFSETS = np.array([-1.5, 1.5])
 WEIGHTS = np.array([0.3, 0.7])
@@ -93,41 +93,17 @@ def test_weights_estimate_the_exact_evidence_and_the_draws_the_assignments_poste
     assert np.ptp(p_c) > 0.5  # assignments that the data decide, both ways
 
 
-class RecordKeys(Messenger):
-    def __init__(self, fn=None):
-        self.keys = []
-        super().__init__(fn)
-
-    def postprocess_message(self, msg):
-        if msg["type"] == "prng_key":
-            self.keys.append(msg["value"])
-
-
 def test_every_elbos_term_is_the_marginals_log_weight(fitted):
     """Draw by draw, Trace_ELBO's term for the guide's joint draw (z, c) is the core's
     log weight on the marginal target with the same chain key: the guide's density
     carries log p(c | z, x), so log p(x, z, c) - log p(c | z, x) = log p(x, z) whatever
     c is. TraceEnum_ELBO (which seeds the guide alike) gives the same terms."""
     guide, params = fitted
-    annealing = guide.get_annealing_params(params)
-    logdensity_fn = guide.get_logdensity_fn(params, Y)
-
-    @jax.jit
-    def term_and_keys(rng_key):
-        recorder = RecordKeys(guide)
-        return -Trace_ELBO().loss(rng_key, params, mixture, recorder, Y), recorder.keys
-
+    terms, log_w, _ = elbo_terms_and_core_weights(
+        guide, params, mixture, Y, num_keys=4, keys_drawn=2
+    )
     enum_term = jax.jit(lambda key: -TraceEnum_ELBO().loss(key, params, mixture, guide, Y))
-    terms, enum_terms, log_w = [], [], []
-    for seed in range(4):
-        term, keys = term_and_keys(jax.random.PRNGKey(seed))
-        core_log_w = annealed_sample(
-            keys[0], logdensity_fn, annealing, num_leapfrog_steps=guide.num_leapfrog_steps,
-            integrator=guide.integrator,
-        )[1]
-        terms.append(float(term))
-        enum_terms.append(float(enum_term(jax.random.PRNGKey(seed))))
-        log_w.append(float(core_log_w))
+    enum_terms = [float(enum_term(jax.random.PRNGKey(seed))) for seed in range(4)]
     np.testing.assert_allclose(terms, log_w, rtol=1e-5, atol=2e-3)
     np.testing.assert_allclose(enum_terms, log_w, rtol=1e-5, atol=2e-3)
     assert np.std(log_w) > 1e-3
@@ -270,22 +246,9 @@ def test_a_non_centered_site_beside_a_discrete_one_keeps_the_elbo_term_the_log_w
     svi = SVI(switch_on_the_data, guide, optax.adam(1e-3), Trace_ELBO())
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y6))
     assert guide.decentered_sites == ("a",)
-    annealing = guide.get_annealing_params(params)
-    logdensity_fn = guide.get_logdensity_fn(params, Y6)
-
-    @jax.jit
-    def term_and_keys(rng_key):
-        recorder = RecordKeys(guide)
-        return -Trace_ELBO().loss(rng_key, params, switch_on_the_data, recorder, Y6), recorder.keys
-
-    terms, log_w = [], []
-    for seed in range(4):
-        term, keys = term_and_keys(jax.random.PRNGKey(seed))
-        terms.append(float(term))
-        log_w.append(float(annealed_sample(
-            keys[0], logdensity_fn, annealing, num_leapfrog_steps=guide.num_leapfrog_steps,
-            integrator=guide.integrator,
-        )[1]))
+    terms, log_w, _ = elbo_terms_and_core_weights(
+        guide, params, switch_on_the_data, Y6, num_keys=4, keys_drawn=2
+    )
     np.testing.assert_allclose(terms, log_w, rtol=1e-5, atol=2e-3)
     assert np.std(log_w) > 1e-2
 

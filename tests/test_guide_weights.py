@@ -68,10 +68,12 @@ def perturbed_params(guide, params, seed):
     return {k: jnp.asarray(v, jnp.float32) for k, v in new.items()}
 
 
-def elbo_terms_and_core_weights(guide, params, model, *args, num_keys=6):
+def elbo_terms_and_core_weights(guide, params, model, *args, num_keys=6, keys_drawn=1):
     """For ``num_keys`` keys: Trace_ELBO's term on ``model`` with the guide, and the
-    core's log weight (and its info) from the key the guide drew, its log density and
-    its annealing params: ``(elbo_terms, log_weights, infos)``."""
+    core's log weight (and its info) from the key the guide drew first (the chain's),
+    its log density and its annealing params: ``(elbo_terms, log_weights, infos)``.
+    ``keys_drawn``: how many keys the guide draws (2 with discrete sites: the chain's,
+    then the one for the discrete draw)."""
     annealing = guide.get_annealing_params(params)
     logdensity_fn = guide.get_logdensity_fn(params, *args)
 
@@ -79,7 +81,7 @@ def elbo_terms_and_core_weights(guide, params, model, *args, num_keys=6):
     def elbo_term_and_key(rng_key):
         recorder = RecordKeys(guide)
         loss = Trace_ELBO().loss(rng_key, params, model, recorder, *args)
-        assert len(recorder.keys) == 1  # the guide draws one key, the one the core gets
+        assert len(recorder.keys) == keys_drawn  # the first is the one the core gets
         return -loss, recorder.keys[0]
 
     core = jax.jit(lambda key: annealed_sample(

@@ -33,7 +33,7 @@ from numpyro.infer.autoguide import (
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
-from numpyro_uha import _decenter, _enumerate
+from numpyro_uha import _decenter, _enumerate, _supports
 from numpyro_uha._compiled_init import compiled_initialization
 from numpyro_uha._divergence import (
     DIVERGENCE_ENERGY,  # noqa: F401 - guide.DIVERGENCE_ENERGY, as before
@@ -973,18 +973,10 @@ class UHAGuide(AutoContinuous):
     def _model_trace_at(self, unconstrained, model_params, args, kwargs):
         """The model's trace with each latent site at its ``unconstrained`` value (by
         the guide's site name), mapped by the site's support as the model draws it (a
-        support that depends on another latent included)."""
-
-        def constrained(site):
-            if site["type"] == "sample" and site["name"] in unconstrained:
-                return biject_to(site["fn"].support)(unconstrained[site["name"]])
-            return None
-
-        with handlers.block():
-            model = handlers.seed(self._conditioned_model(model_params), rng_seed=0)
-            return handlers.trace(
-                handlers.substitute(model, substitute_fn=constrained)
-            ).get_trace(*args, **kwargs)
+        support that depends on another latent included: ``_supports.py``)."""
+        return _supports.trace_at_unconstrained(
+            self._conditioned_model(model_params), unconstrained, args, kwargs, seed=0
+        )
 
     def _sites_ruling_out(self, latent, args, kwargs, model_params):
         """The model's sites whose log density is −inf at the unconstrained ``latent``
@@ -1784,12 +1776,23 @@ class UHAGuide(AutoContinuous):
             _guide_factor(f"_{self.prefix}_discrete_factor", log_conditional)
         return result
 
-    def _constrained_latents(self, latent) -> dict:
+    def _bounded_by_values(self) -> tuple:
+        """The latent sites whose support may move with another site's value or with
+        the data (:func:`~numpyro_uha._supports.bounded_by_values`): read from the model
+        run at each draw, not from the prototype trace."""
+        return _supports.bounded_by_values(self.prototype_trace, self._init_locs)
+
+    def _constrained_latents(self, latent, model_params, args, kwargs) -> dict:
         """The guide model's latent sites (non-centered ones in x̃) at the flat
-        unconstrained ``latent``, in their supports."""
+        unconstrained ``latent``, in their supports (as the model draws them: a support
+        bounded by another site's value, see :meth:`_bounded_by_values`)."""
+        unconstrained = self._unpack_latent(latent)
+        if self._bounded_by_values():
+            trace = self._model_trace_at(unconstrained, model_params, args, kwargs)
+            return {name: trace[name]["value"] for name in unconstrained}
         return {
             name: biject_to(self.prototype_trace[name]["fn"].support)(value)
-            for name, value in self._unpack_latent(latent).items()
+            for name, value in unconstrained.items()
         }
 
     def _discrete_impl(self, rng_key, latent, model_params, arrays, *, spec):
@@ -1798,7 +1801,8 @@ class UHAGuide(AutoContinuous):
         args, kwargs = _merge_static(arrays, spec)
         return _enumerate.draw_discrete(
             rng_key, self._conditioned_model(model_params), self._plate_nesting,
-            self._discrete, args, kwargs, self._constrained_latents(latent),
+            self._discrete, args, kwargs,
+            self._constrained_latents(latent, model_params, args, kwargs),
         )
 
     def _emitted_impl(self, latent, model_params, arrays, *, spec, mask_off):
@@ -1811,7 +1815,8 @@ class UHAGuide(AutoContinuous):
         unconstrained = self._unpack_latent(latent)
         model_trace = None
         args, kwargs = _merge_static(arrays, spec)
-        if self.decentered_sites:
+        bounded = self._bounded_by_values()
+        if self.decentered_sites or bounded:
             model_trace = self._model_trace_at(unconstrained, model_params, args, kwargs)
         completed = self._completion_now(None, args, kwargs, model_params)[1]
         emitted = {}
@@ -1821,7 +1826,8 @@ class UHAGuide(AutoContinuous):
                 value = model_trace[original]["value"]
                 log_density = _decenter.emitted_log_density(model_trace[name], mask_off)
             else:
-                site = self.prototype_trace[name]
+                # the support as the model draws it where it may move (_bounded_by_values)
+                site = (model_trace if name in bounded else self.prototype_trace)[name]
                 transform = biject_to(site["fn"].support)
                 value = transform(unconstrained_value)
                 log_density = 0.0
@@ -1936,7 +1942,8 @@ class UHAGuide(AutoContinuous):
                     # (z, c) jointly: c from p(c | z, x), the weight z's (_enumerate.py)
                     drawn = _enumerate.draw_discrete(
                         jax.random.fold_in(key, 1), model, self._plate_nesting,
-                        self._discrete, args, kwargs, self._constrained_latents(z),
+                        self._discrete, args, kwargs,
+                        self._constrained_latents(z, model_params, args, kwargs),
                     )[0]
                     at_draw = handlers.substitute(model, data=drawn)
                 with handlers.block():

@@ -48,7 +48,7 @@ from numpyro.infer.initialization import init_to_median
 import numpyro.distributions as dist
 from numpyro.distributions.util import sum_rightmost
 
-from numpyro_uha import _decenter
+from numpyro_uha import _decenter, _supports
 from numpyro_uha._keywords import check_model_keywords
 from numpyro_uha._memory_maps import relieve as relieve_memory_maps
 from numpyro_uha._masked import _batch_mask, completion_log_density, masked_out_entries
@@ -771,13 +771,16 @@ class UHALocalGuide(AutoGuide):
             out[n] = jnp.moveaxis(value, 0, axis)
         return out
 
-    def _constrain(self, rows, left_out=None):
+    def _constrain(self, rows, left_out=None, trace=None):
         """(B, d) unconstrained → constrained site values and the rows' log |det J|
         (without the entries ``left_out``, ``{site: bool over its batch shape}``: the
-        completed ones, see :meth:`_completion`)."""
+        completed ones, see :meth:`_completion`). Each site's support from ``trace``, the
+        model run at the rows (:meth:`_trace_at_rows`), where given: a support may move
+        with the data point or a global latent (a censoring bound, ``_supports.py``);
+        the setup's otherwise."""
         values, log_det = {}, jnp.zeros(rows.shape[0], rows.dtype)
         for n, u in self._unpack(rows).items():
-            site = self.prototype_trace[n]
+            site = (self.prototype_trace if trace is None else trace)[n]
             transform = biject_to(site["fn"].support)
             value = transform(u)
             values[n] = value
@@ -786,6 +789,19 @@ class UHALocalGuide(AutoGuide):
                 ladj = jnp.where(left_out[n], 0.0, ladj)
             log_det = log_det + self._per_row(ladj, rows.shape[0])
         return values, log_det
+
+    def _trace_at_rows(self, rows, data, args, kwargs, seed=None):
+        """The model's trace with the local sites at the rows (each mapped through its
+        support as the model draws it) and the sites in ``data`` (globals, model
+        params, the plate's indices) at those values."""
+        return _supports.trace_at_unconstrained(
+            self.model, self._unpack(rows), args, kwargs, data=data, seed=seed
+        )
+
+    def _bounded_by_values(self) -> tuple:
+        """The local sites whose support may move with the data point or a global
+        latent (:func:`~numpyro_uha._supports.bounded_by_values`)."""
+        return _supports.bounded_by_values(self.prototype_trace, self._local_sites)
 
     # ------------------------------------------------ masked-out local entries
     def _find_completed_sites(self, trace, args, kwargs, size):
@@ -855,7 +871,7 @@ class UHALocalGuide(AutoGuide):
         """(log |det J| without the completed entries, their completion density) per row,
         for the guide's factor; the masks from ``trace``, this call's model at the rows."""
         left_out = self._left_out(trace, self._completed_sites)
-        return self._constrain(rows, left_out)[1], self._completion(rows, left_out)
+        return self._constrain(rows, left_out, trace)[1], self._completion(rows, left_out)
 
     def _per_row(self, log_prob, subsample_size):
         """Sum a site's log density (its batch shape) over all but the data axis → (B,)."""
@@ -878,17 +894,12 @@ class UHALocalGuide(AutoGuide):
         plate_scale = size / subsample_size
 
         def logdensity(rows):
-            values, log_det = self._constrain(rows)
-            data = {**global_values, **values, **model_params, plate_name: idx}
-            with handlers.block():
-                trace = handlers.trace(handlers.substitute(self.model, data=data)).get_trace(
-                    *args, **kwargs
-                )
-            if completed:
-                left_out = self._left_out(trace, completed)
-                log_det = self._constrain(rows, left_out)[1]
-                if probed is None:
-                    log_det = log_det + self._completion(rows, left_out)
+            data = {**global_values, **model_params, plate_name: idx}
+            trace = self._trace_at_rows(rows, data, args, kwargs)
+            left_out = self._left_out(trace, completed) if completed else None
+            log_det = self._constrain(rows, left_out, trace)[1]
+            if completed and probed is None:
+                log_det = log_det + self._completion(rows, left_out)
             total = log_det
             for n in self._local_sites + self._observed_sites:
                 site = trace[n]
@@ -1296,14 +1307,13 @@ class UHALocalGuide(AutoGuide):
         if skip_diverged:
             is_diverged = diverged(log_weight, info.log_accept_ratio)
             rows = jnp.where(is_diverged[:, None], info.initial_position, rows)
-        local_values, log_det = self._constrain(rows)
         completed = getattr(self, "_completed_sites", ())
-        if completed or self.decentered_sites:  # one trace of the model at the chains' ends
-            data = {**global_values, **local_values, **model_params, self._plate_name: idx}
-            with handlers.block():
-                trace = handlers.trace(
-                    handlers.seed(handlers.substitute(self.model, data=data), 0)
-                ).get_trace(*args, **kwargs)
+        trace = None
+        if completed or self.decentered_sites or self._bounded_by_values():
+            # one trace of the model at the chains' ends
+            data = {**global_values, **model_params, self._plate_name: idx}
+            trace = self._trace_at_rows(rows, data, args, kwargs, seed=0)
+        local_values, log_det = self._constrain(rows, trace=trace)
         if completed:
             # the model's trace leaves the completed entries out: the factor carries
             # their density and not their Jacobian, so each point's ELBO is its weight

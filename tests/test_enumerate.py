@@ -253,6 +253,30 @@ def test_a_non_centered_site_beside_a_discrete_one_keeps_the_elbo_term_the_log_w
     assert np.std(log_w) > 1e-2
 
 
+def mixture_bounded_by_a_latent(y):
+    """x's support, (0, b), moves with the latent b; each point's sign is summed out."""
+    b = numpyro.sample("b", dist.Exponential(0.5))
+    x = numpyro.sample("x", dist.Uniform(0.0, b))
+    with numpyro.plate("data", y.shape[0]):
+        c = numpyro.sample("c", dist.Bernoulli(0.4), infer={"enumerate": "parallel"})
+        numpyro.sample("y", dist.Normal(jnp.where(c == 1, x, -x), 1.0), obs=y)
+
+
+def test_the_discrete_draw_conditions_on_x_in_the_support_the_model_draws():
+    """p(c | z, x) at the chain's end is evaluated at x mapped through (0, b) for the
+    drawn b, as the chain's target and the emitted x are: the ELBO term stays the
+    marginal's log weight."""
+    guide = UHAGuide(mixture_bounded_by_a_latent, K=3, warm_start_steps=0, decenter=False)
+    svi = SVI(mixture_bounded_by_a_latent, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y6))
+    params = {**params, "auto_loc": params["auto_loc"] + jnp.array([1.0, 0.5])}  # b far from 1
+    terms, log_w, _ = elbo_terms_and_core_weights(
+        guide, params, mixture_bounded_by_a_latent, Y6, num_keys=4, keys_drawn=2
+    )
+    np.testing.assert_allclose(terms, log_w, rtol=1e-5, atol=2e-3)
+    assert np.std(log_w) > 1e-2
+
+
 def test_a_model_that_does_not_broadcast_under_enumeration_gets_a_hint():
     """A batch declared by .expand().to_event() instead of a plate cannot take the
     enumeration dimension (NumPyro's NUTS raises the same): the error says why."""

@@ -205,3 +205,37 @@ def test_extrapolation_to_the_same_k_changes_nothing():
             assert b is None
             continue
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+Y_BOUNDED = jnp.array([0.5, 1.9, 2.4, 1.7, -0.3, 0.8])
+
+
+def bounded_by_a_latent(y):
+    """x's support, (0, b), moves with the latent b."""
+    b = numpyro.sample("b", dist.Exponential(0.5))
+    x = numpyro.sample("x", dist.Uniform(0.0, b))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(x, 1.0), obs=y)
+
+
+def bounded_by_the_data(y):
+    """x's support, (max y, ∞), moves with the data (a censoring bound)."""
+    x = numpyro.sample("x", dist.TruncatedNormal(0.0, 3.0, low=jnp.max(y)))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(x, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("model", [bounded_by_a_latent, bounded_by_the_data])
+def test_the_elbo_term_is_the_log_weight_where_a_support_moves(model):
+    """The guide maps the chain's end through the support the model draws there (not
+    the one at setup) and counts that map's Jacobian: Trace_ELBO's term is the core's
+    weight. bounded_by_the_data is set up on one data set and evaluated on another,
+    whose bound is larger."""
+    guide = UHAGuide(model, K=3, warm_start_steps=0, decenter=False)
+    svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+    params = perturbed_params(guide, svi.get_params(svi.init(jax.random.PRNGKey(0), Y_BOUNDED)), 2)
+    y = Y_BOUNDED if model is bounded_by_a_latent else Y_BOUNDED + 1.0
+    elbo, log_w, _ = elbo_terms_and_core_weights(guide, params, model, y, num_keys=4)
+    assert np.all(np.isfinite(elbo))
+    np.testing.assert_allclose(elbo, log_w, rtol=1e-5, atol=2e-4)
+    assert np.std(log_w) > 0.1

@@ -983,3 +983,70 @@ def test_per_data_point_q_on_data_that_ignore_the_plates_indices_warns():
         return jnp.zeros((y_batch.shape[0], 1)), jnp.ones((y_batch.shape[0], 1))
 
     assert setup_warnings(_minibatch_passed, y[:10], 50, encoder=encoder) == []
+
+
+CENSOR = jnp.linspace(-1.0, 1.5, N)  # each data point's own lower bound
+X_CENSORED = CENSOR + jnp.asarray(np.abs(np.random.default_rng(2).normal(size=N)), jnp.float32)
+
+
+def censored(x, bound, num_data, batch):
+    """z_i ~ N(0, 1) truncated to (c_i, ∞), c_i the data point's own bound."""
+    with numpyro.plate("data", num_data, subsample_size=batch) as idx:
+        z = numpyro.sample("z", dist.TruncatedNormal(0.0, 1.0, low=bound[idx]))
+        numpyro.sample("x", dist.Normal(z, SIGMA), obs=x[idx])
+
+
+@pytest.mark.parametrize("setup", ["minibatch", "other bounds"])
+def test_a_local_support_bounded_by_its_data_point_is_read_at_each_call(setup):
+    """Set up on a minibatch of 6 (or on all 24 with other bounds), run on all 24: data
+    point i's chain is core.annealed_sample on its own target in u = log(z_i − c_i)
+    (c_i its own bound, not the setup's), and its draw is c_i + exp(u)."""
+    guide = UHALocalGuide(censored, K=5, integrator="velocity_verlet", precondition=False)
+    setup_args = (
+        (X_CENSORED, CENSOR, N, 6) if setup == "minibatch" else (X_CENSORED, CENSOR - 0.7, N, N)
+    )
+    params = perturbed_params(censored, guide, 0, *setup_args)
+    draws, log_w, keys, annealing = _all_rows(
+        guide, params, (X_CENSORED, CENSOR, N, N), jax.random.PRNGKey(7)
+    )
+    for i in [0, 5, 17, 23]:
+        def single(u, i=i):
+            z = CENSOR[i] + jnp.exp(u[0])
+            return (
+                dist.TruncatedNormal(0.0, 1.0, low=CENSOR[i]).log_prob(z)
+                + dist.Normal(z, SIGMA).log_prob(X_CENSORED[i]) + u[0]
+            )
+        row = annealing._replace(loc=annealing.loc[i], scale=annealing.scale[i])
+        u_i, w_i, _ = annealed_sample(keys[i], single, row, integrator="velocity_verlet")
+        np.testing.assert_allclose(draws["z"][i], CENSOR[i] + jnp.exp(u_i[0]), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(log_w[i], w_i, rtol=1e-5, atol=1e-4)
+
+
+def bounded_by_a_global(x, num_data, batch):
+    """z_i ~ Uniform(0, b), b a global latent."""
+    b = numpyro.sample("b", dist.Exponential(0.3))
+    with numpyro.plate("data", num_data, subsample_size=batch) as idx:
+        z = numpyro.sample("z", dist.Uniform(0.0, b))
+        numpyro.sample("x", dist.Normal(z, SIGMA), obs=x[idx])
+
+
+def test_a_local_support_bounded_by_a_global_latent_moves_with_its_value():
+    """The chains' target at b = 6 maps u to z = b · sigmoid(u) with that b's Jacobian,
+    and every draw of z lies in (0, b) for the b drawn with it."""
+    x = jnp.abs(X) + 0.5
+    guide = UHALocalGuide(bounded_by_a_global, K=3)
+    params = perturbed_params(bounded_by_a_global, guide, 0, x, N, 6)
+    idx = jnp.arange(6)
+    logdensity = guide.get_logdensity_fn(
+        params, x, N, 6, subsample_idx=idx, global_values={"b": jnp.asarray(6.0)}
+    )
+    u = jnp.linspace(-2.0, 2.0, 6)[:, None]
+    z = 6.0 * jax.nn.sigmoid(u[:, 0])
+    expected = (
+        dist.Uniform(0.0, 6.0).log_prob(z) + dist.Normal(z, SIGMA).log_prob(x[idx])
+        + jnp.log(6.0) + jax.nn.log_sigmoid(u[:, 0]) + jax.nn.log_sigmoid(-u[:, 0])
+    )
+    np.testing.assert_allclose(logdensity(u), expected, rtol=1e-5, atol=1e-5)
+    draws = guide.sample_posterior(jax.random.PRNGKey(1), params, x, N, N, sample_shape=(200,))
+    assert np.std(draws["b"]) > 0.02
+    assert np.all((draws["z"] > 0) & (draws["z"] < draws["b"][:, None]))

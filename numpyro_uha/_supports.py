@@ -1,0 +1,61 @@
+"""Supports as the model draws them.
+
+A latent site's support can depend on another latent site or on the data:
+``x ~ Uniform(0, b)`` with ``b`` latent, a censored point's ``TruncatedNormal(mu, s,
+low=c_i)`` with ``c_i`` in a minibatch. The map from unconstrained coordinates to the
+site, and its Jacobian, must then be the support at hand, not the one of the trace the
+guide was set up with (NumPyro's ``potential_energy`` and ``constrain_fn`` read each
+site's support as the model runs, by ``substitute_fn``; so do the guides' chains and
+emissions through :func:`trace_at_unconstrained`).
+"""
+
+from __future__ import annotations
+
+import jax
+from numpyro import handlers
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+
+
+def trace_at_unconstrained(model, unconstrained, args, kwargs, data=None, seed=None):
+    """``model``'s trace with each sample site named in ``unconstrained`` at
+    ``biject_to(its support)(value)``, the support as the model draws it there; the
+    sites named in ``data`` at those (constrained) values. ``seed``: an rng seed for
+    sites drawn otherwise (none when every site is given)."""
+    data = data or {}
+
+    def constrained(site):
+        name = site["name"]
+        if site["type"] == "sample" and name in unconstrained:
+            return biject_to(site["fn"].support)(unconstrained[name])
+        return data.get(name)
+
+    model = handlers.substitute(model, substitute_fn=constrained)
+    if seed is not None:
+        model = handlers.seed(model, rng_seed=seed)
+    with handlers.block():
+        return handlers.trace(model).get_trace(*args, **kwargs)
+
+
+def bounded_by_values(trace, names) -> tuple:
+    """The sites among ``names`` whose support in ``trace`` has array parameters
+    (bounds): such a support may move with another site's value or with the data, so
+    it is read from the model run at hand. Conservative, like NumPyro's
+    ``dynamic_support``: array bounds that do not move cost a model replay that ``jit``
+    prunes, never a wrong value."""
+    return tuple(
+        name for name in names
+        if any(
+            not isinstance(leaf, (bool, int, float))
+            for leaf in support_parameters(trace[name]["fn"].support)
+        )
+    )
+
+
+def support_parameters(support) -> list:
+    """A support's parameters (a constraint is a pytree in NumPyro; its attributes where
+    it is not)."""
+    leaves = jax.tree.leaves(support)
+    if leaves == [support]:  # not registered as a pytree: its attributes
+        leaves = jax.tree.leaves(list(vars(support).values()))
+    return [leaf for leaf in leaves if not isinstance(leaf, constraints.Constraint)]

@@ -63,11 +63,13 @@ from numpyro_uha.core import (
 from numpyro_uha._divergence import (
     DIVERGENCE_ENERGY,
     LatchConstraint,
+    UHAFitWarning,
     LocalDivergenceRecord,
     check_latch,
     diverged,
     gate,
 )
+from numpyro_uha._weights import KHAT_BAD, psis_khat
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import (
     GROUPS,
@@ -118,6 +120,10 @@ class LocalLogZ(NamedTuple):
         ess: per data point, the effective sample size of its weights.
         num_nonfinite: per data point, draws whose weight diverged (counted as w = 0).
         num_samples: chains per data point.
+        pareto_khat: per data point, the Pareto k̂ of its weights
+            (:func:`~numpyro_uha.evaluation.psis_khat`): at 0.7 or above its ``log_z`` is
+            unreliable (lower-biased, ``se`` too small), and :meth:`UHALocalGuide.log_z`
+            warns, naming the data points.
     """
 
     log_z: np.ndarray
@@ -131,12 +137,17 @@ class LocalLogZ(NamedTuple):
     ess: np.ndarray
     num_nonfinite: np.ndarray
     num_samples: int
+    pareto_khat: np.ndarray | None = None
 
     def __str__(self) -> str:
+        bad = ""
+        if self.pareto_khat is not None:
+            count = int(np.sum(np.asarray(self.pareto_khat) >= KHAT_BAD))
+            bad = f"; Pareto k̂ ≥ {KHAT_BAD} at {count}" if count else ""
         return (
             f"{len(self.log_z)} data points: log-likelihood {self.total:.2f} ± "
             f"{self.total_se:.2f} | ELBO {self.total_elbo:.2f} ± {self.total_elbo_se:.2f} "
-            f"({self.num_samples} chains each)"
+            f"({self.num_samples} chains each{bad})"
         )
 
 
@@ -1446,6 +1457,13 @@ class UHALocalGuide(AutoGuide):
         per_point = [log_z_from_weights(log_w[:, i], self.K) for i in range(log_w.shape[1])]
         column = lambda name: np.array([getattr(e, name) for e in per_point])  # noqa: E731
         iw, iw_se, elbo, elbo_se = column("iw"), column("iw_se"), column("elbo"), column("elbo_se")
+        khat = np.array([psis_khat(np.where(np.isfinite(log_w[:, i]), log_w[:, i], -np.inf))
+                         if np.sum(np.isfinite(log_w[:, i])) >= 2 else np.inf
+                         for i in range(log_w.shape[1])])
+        idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
+        _warn_if_points_fit_poorly(
+            khat, column("num_nonfinite"), log_w.shape[0], np.asarray(idx), self.per_data_point
+        )
         return LocalLogZ(
             log_z=iw,
             se=iw_se,
@@ -1458,6 +1476,7 @@ class UHALocalGuide(AutoGuide):
             ess=column("ess"),
             num_nonfinite=column("num_nonfinite").astype(int),
             num_samples=int(log_w.shape[0]),
+            pareto_khat=khat,
         )
 
     def _draws(
@@ -1533,6 +1552,41 @@ class UHALocalGuide(AutoGuide):
         state = dict(self.__dict__)
         state["_jitted"] = {}  # compiled programs do not pickle; rebuilt on first use
         return state
+
+
+def _warn_if_points_fit_poorly(khat, num_nonfinite, num_samples, idx, per_data_point):
+    """:class:`~numpyro_uha.UHAFitWarning` naming the data points whose weights say
+    their q_i and chain fit poorly: Pareto k̂ ≥ ``KHAT_BAD`` (an ``inf`` k̂ from too
+    few draws does not count) or more than 10 % of the draws diverged."""
+    heavy = np.isfinite(khat) & (khat >= KHAT_BAD)
+    diverging = num_nonfinite > 0.1 * num_samples
+    problems = []
+    for flags, what in [
+        (heavy, f"Pareto k̂ ≥ {KHAT_BAD} (their log_z is lower-biased and its se too small)"),
+        (diverging, "more than 10 % of the chains diverged"),
+    ]:
+        if flags.any():
+            points = idx[np.flatnonzero(flags)]
+            problems.append(
+                f"{what} at {points.size} data point(s) {points[:10].tolist()}"
+                f"{' ...' if points.size > 10 else ''}"
+            )
+    if problems:
+        advice = (
+            "Train longer (a data point's q_i learns only in the minibatches it is in) or "
+            "with a larger K" + (
+                "" if per_data_point else
+                "; per_data_point=True gives each data point its own step sizes and "
+                "momentum scales"
+            ) + "; precondition=True puts the steps in each q_i's units where the data "
+            "points' posteriors differ in width."
+        )
+        warnings.warn(
+            f"UHALocalGuide.log_z: the importance weights say some data points' "
+            f"approximations are poor: {'; '.join(problems)} (see pareto_khat). {advice}",
+            UHAFitWarning,
+            stacklevel=3,
+        )
 
 
 def _check_decenter(decenter):

@@ -1050,3 +1050,28 @@ def test_a_local_support_bounded_by_a_global_latent_moves_with_its_value():
     draws = guide.sample_posterior(jax.random.PRNGKey(1), params, x, N, N, sample_shape=(200,))
     assert np.std(draws["b"]) > 0.02
     assert np.all((draws["z"] > 0) & (draws["z"] < draws["b"][:, None]))
+
+
+def test_log_z_names_the_data_points_whose_weights_are_heavy_tailed():
+    """q_i far narrower than its posterior, off its mean, at data points 3 and 11 only:
+    their weights are heavy-tailed (Pareto k̂ ≥ 0.7) and log_z warns naming them, in
+    the minibatch's terms (the data points' indices); the others' k̂ stay below 0.7."""
+    from numpyro_uha import UHAFitWarning
+
+    model = handlers.condition(conjugate_model, {"mu": 0.4})
+    guide = UHALocalGuide(model, K=4)
+    params = perturbed_params(model, guide, 0, X, N, 6)
+    params["local_scale"] = jnp.ones_like(params["local_scale"]).at[jnp.array([3, 11])].set(0.03)
+    params["local_loc"] = params["local_loc"].at[jnp.array([3, 11])].add(1.5)
+    idx = jnp.asarray([0, 3, 7, 11, 15, 20])
+    with pytest.warns(UHAFitWarning, match=r"at 2 data point\(s\) \[3, 11\]"):
+        est = guide.log_z(jax.random.PRNGKey(4), params, X, N, 6, num_samples=2000,
+                          subsample_idx=idx)
+    heavy = np.asarray(est.pareto_khat) >= 0.7
+    np.testing.assert_array_equal(heavy, [False, True, False, True, False, False])
+    assert "Pareto k̂ ≥ 0.7 at 2" in str(est)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UHAFitWarning)  # a fit whose weights are fine: silent
+        params["local_scale"] = jnp.ones_like(params["local_scale"])
+        params["local_loc"] = params["local_loc"].at[jnp.array([3, 11])].add(-1.5)
+        guide.log_z(jax.random.PRNGKey(4), params, X, N, 6, num_samples=2000, subsample_idx=idx)

@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 import numpy as np
 import numpyro
 from numpyro import handlers
+from numpyro.primitives import Messenger
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
@@ -1411,6 +1412,8 @@ class UHAGuide(AutoContinuous):
         enum = bool(self._discrete)
         if enum:  # discrete latent sites summed out (_enumerate.py)
             seeded = _enumerate.enumerated(seeded, self._plate_nesting)
+        # each site's log |det J| unscaled, as in Trace_ELBO's terms (_UnscaledJacobians)
+        seeded = _UnscaledJacobians(seeded, self._init_locs)
 
         def logdensity_fn(z):
             with handlers.block():
@@ -2503,6 +2506,30 @@ class UHAGuide(AutoContinuous):
         # Every latent and deterministic site (all that sample_posterior returns), as
         # AutoNormal's median and quantiles do.
         return dict(samples)
+
+
+class _UnscaledJacobians(Messenger):
+    """Leaves the log |det J| of the latent sites ``names`` unscaled in NumPyro's
+    ``potential_energy``.
+
+    ``potential_energy`` adds each constrained site's log |det J| as a factor
+    ``_<name>_log_det`` under the site's own handlers, so a ``handlers.scale`` around a
+    latent site scales its Jacobian too (HMC's convention in NumPyro). Trace_ELBO with any
+    AutoGuide does not: the guide's density of the site carries the full Jacobian, so
+    each term is scale · log p(x) + log |det J| − log q. UHA's target takes the ELBO's
+    convention, or its terms would not be the chain's log weights (for
+    ``scale(0.5)`` on ``s ~ HalfNormal(1)``: p(s)^0.5, where NumPyro's NUTS samples
+    p(s)^0.5 s^-0.5). Masks stay (the factors keep them)."""
+
+    def __init__(self, fn, names):
+        self._factors = {f"_{name}_log_det" for name in names}
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        # after the model's own scale handlers (inside the model, so above this one on
+        # the stack, they process each message first)
+        if msg["type"] == "sample" and msg["name"] in self._factors:
+            msg["scale"] = None
 
 
 class _RuledOut(NamedTuple):

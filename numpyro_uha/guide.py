@@ -2519,7 +2519,12 @@ class _UnscaledJacobians(Messenger):
     each term is scale · log p(x) + log |det J| − log q. UHA's target takes the ELBO's
     convention, or its terms would not be the chain's log weights (for
     ``scale(0.5)`` on ``s ~ HalfNormal(1)``: p(s)^0.5, where NumPyro's NUTS samples
-    p(s)^0.5 s^-0.5). Masks stay (the factors keep them)."""
+    p(s)^0.5 s^-0.5). Masks stay (the factors keep them).
+
+    A non-centered site x = loc + scale · x̃ under a scale c (``decenter``) is the same
+    case: the model scores c · log p(x) = c · (log p(x̃) − Σ log scale) and the guide's
+    density of x carries the whole Jacobian Σ log scale, where the chain's model scores
+    c · log p(x̃): the missing (1 − c) · Σ log scale is added as an unscaled factor."""
 
     def __init__(self, fn, names):
         self._factors = {f"_{name}_log_det" for name in names}
@@ -2530,6 +2535,15 @@ class _UnscaledJacobians(Messenger):
         # the stack, they process each message first)
         if msg["type"] == "sample" and msg["name"] in self._factors:
             msg["scale"] = None
+
+    def postprocess_message(self, msg):
+        scale = msg.get("scale")
+        if msg["type"] != "sample" or scale is None or _decenter.LOG_SCALE not in msg["infer"]:
+            return
+        name = f"_{msg['name']}_scaled_jacobian"
+        self._factors.add(name)  # its own scale cleared above; the masks apply to it
+        log_scale = sum_rightmost(msg["infer"][_decenter.LOG_SCALE], msg["fn"].event_dim)
+        numpyro.factor(name, (1.0 - scale) * log_scale)
 
 
 class _RuledOut(NamedTuple):

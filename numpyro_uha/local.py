@@ -920,6 +920,17 @@ class UHALocalGuide(AutoGuide):
                 if site.get("scale") is not None:
                     # the plate's N/B belongs to the minibatch bound, not to one chain
                     log_prob = log_prob * (site["scale"] / plate_scale)
+                    if _decenter.LOG_SCALE in site["infer"]:
+                        # z = loc + scale · z̃ under a scale c (handlers.scale): the
+                        # model scores c · log p(z), the guide's density carries the
+                        # whole Jacobian, so the chain's target needs (1 − c) Σ log scale
+                        # beside c · log p(z̃) (as UHAGuide's _UnscaledJacobians)
+                        jacobian = sum_rightmost(
+                            site["infer"][_decenter.LOG_SCALE], site["fn"].event_dim
+                        )
+                        if site.get("mask") is not None:
+                            jacobian = jnp.where(site["mask"], jacobian, 0.0)
+                        log_prob = log_prob + (1.0 - site["scale"] / plate_scale) * jacobian
                 total = total + self._per_row(log_prob, subsample_size)
             return total
 

@@ -264,3 +264,23 @@ def test_bad_decenter_arguments_are_named(model, decenter, match):
         SVI(model, guide, optax.adam(1e-2), Trace_ELBO()).init(
             jax.random.PRNGKey(0), YBAR, BATCH
         )
+
+
+def scaled_hierarchy(ybar, batch):
+    """hierarchy's z under handlers.scale (a tempered prior on the group effects)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", N, subsample_size=batch) as idx:
+        with handlers.scale(scale=0.5):
+            z = numpyro.sample("z", dist.Normal(mu, tau))
+        numpyro.sample("ybar", dist.Normal(z, SIGMA), obs=ybar[idx])
+
+
+def test_a_scaled_non_centered_local_keeps_the_loss_the_global_terms_and_the_weights():
+    """z = mu + tau · z̃ under scale 0.5: the model scores 0.5 · log p(z), the guide's
+    density of z carries the whole Jacobian log tau, so each chain's target adds
+    (1 − 0.5) · log tau to 0.5 · log p(z̃); the loss is the global terms and the weights."""
+    guide = UHALocalGuide(scaled_hierarchy, K=3, decenter=True)
+    params = fit(scaled_hierarchy, guide)
+    assert guide.decentered_sites == ("z",)
+    _check_loss_is_global_terms_and_log_weights(scaled_hierarchy, guide, params, 12)

@@ -63,8 +63,8 @@ from numpyro_uha.core import (
 from numpyro_uha._divergence import (
     DIVERGENCE_ENERGY,
     LatchConstraint,
-    UHAFitWarning,
     LocalDivergenceRecord,
+    UHAFitWarning,
     check_latch,
     diverged,
     gate,

@@ -1468,12 +1468,15 @@ class UHALocalGuide(AutoGuide):
         per_point = [log_z_from_weights(log_w[:, i], self.K) for i in range(log_w.shape[1])]
         column = lambda name: np.array([getattr(e, name) for e in per_point])  # noqa: E731
         iw, iw_se, elbo, elbo_se = column("iw"), column("iw_se"), column("elbo"), column("elbo_se")
-        khat = np.array([psis_khat(np.where(np.isfinite(log_w[:, i]), log_w[:, i], -np.inf))
-                         if np.sum(np.isfinite(log_w[:, i])) >= 2 else np.inf
-                         for i in range(log_w.shape[1])])
-        idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
+        # (log_z_from_weights raised above where fewer than two weights of a point are
+        # finite; NaN is a zero weight there, -inf here)
+        khat = np.array([psis_khat(np.where(np.isnan(column_w), -np.inf, column_w))
+                         for column_w in log_w.T])
+        # the data points' indices (log_weights checked subsample_idx; without it, the
+        # chains are those of the first B data points, as _subsample gives)
+        idx = np.arange(log_w.shape[1]) if subsample_idx is None else np.asarray(subsample_idx)
         _warn_if_points_fit_poorly(
-            khat, column("num_nonfinite"), log_w.shape[0], np.asarray(idx), self.per_data_point
+            khat, column("num_nonfinite"), log_w.shape[0], idx, self.per_data_point
         )
         return LocalLogZ(
             log_z=iw,

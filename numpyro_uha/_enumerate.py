@@ -28,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
+import sys
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -137,6 +139,27 @@ def draw_discrete(rng_key, model, max_plate_nesting, names, args, kwargs, values
     return drawn, jnp.asarray(joint - marginal)
 
 
+def draw_discrete_from_prior(rng_key, model, max_plate_nesting, names, args, kwargs, values):
+    """The discrete sites ``names`` drawn from their prior p(c | z) at constrained
+    continuous ``values`` z, and log p(c | z, x) = log p(x, z, c) - log p(x, z) (the
+    marginal summed by funsor, as in the chain's target): ``({name: value},
+    log_prob)``. For a guide that cannot draw c from p(c | z, x) (a hidden Markov
+    chain): with log p(c | z, x) in its density, any ELBO's term for (z, c) is
+    log p(x, z, c) - log q(z) - log p(c | z, x) = log p(x, z) - log q(z), the UHA log
+    weight, for *every* c of positive probability, so c may come from anywhere; the
+    prior given z is one that NumPyro can draw from every model."""
+    with handlers.block():
+        trace = handlers.trace(
+            handlers.seed(handlers.substitute(model, data=values), rng_key)
+        ).get_trace(*args, **kwargs)
+        drawn = {name: trace[name]["value"] for name in names}
+        joint = log_density(handlers.seed(model, 0), args, kwargs, {**values, **drawn})[0]
+        marginal = marginal_log_density(
+            handlers.seed(model, 0), max_plate_nesting, args, kwargs, values
+        )
+    return drawn, jnp.asarray(joint - marginal)
+
+
 @contextlib.contextmanager
 def discrete_sites_allowed(names):
     """Within the block, NumPyro's AutoGuide setup lets the discrete latent sites
@@ -171,48 +194,127 @@ def discrete_sites_allowed(names):
             _autoguide.helpful_support_errors = original
 
 
-def check_sampler(draw, inputs, names, owner: str):
-    """Raise a clear error where ``draw`` (the guide's conditional draw of the discrete
-    sites ``names``, called with ``inputs``) cannot run: NumPyro's ``infer_discrete``
-    raises (e.g. discrete sites inside ``numpyro.contrib.control_flow.scan``), or its
-    program needs an array too large to hold (a chain of dependent discrete sites).
-    Traced only (``jax.make_jaxpr``): nothing is compiled or allocated."""
-    why = None
+def sampler_problem(draw, inputs, names):
+    """Why ``draw`` (the guide's conditional draw of the discrete sites ``names``, called
+    with ``inputs``) cannot run, as ``(reason, cause)``, or ``None`` where it can:
+    NumPyro's ``infer_discrete`` raises (e.g. discrete sites inside
+    ``numpyro.contrib.control_flow.scan``), or its program needs an array too large to
+    hold (a chain of dependent discrete sites). Traced only (``jax.make_jaxpr``): nothing
+    is compiled or allocated."""
     try:
         jaxpr = jax.make_jaxpr(draw)(*inputs)
-    except Exception as err:  # noqa: BLE001 - reported below, with the cause chained
-        why, cause = f"NumPyro's infer_discrete failed ({type(err).__name__}: {err})", err
-    else:
-        cause = None
-        largest = max(
-            (math.prod(v.aval.shape) for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars
-             if hasattr(v.aval, "shape")),
-            default=0,
-        )
-        if largest > MAX_SAMPLER_ELEMENTS:
-            why = (
-                f"drawing them with NumPyro's infer_discrete needs an array of {largest:.3g} "
-                "elements (funsor's backward sampling of a chain of dependent discrete "
-                "sites builds the joint table of the whole chain)"
+    except Exception as err:  # noqa: BLE001 - reported by the caller, with the cause
+        why = f"NumPyro's infer_discrete fails on it ({type(err).__name__}: {err})"
+        masked = [n for n in names if n.endswith("_unobserved")]
+        if masked:
+            why += (
+                f"; {masked} come from obs_mask on a discrete site, on which "
+                "infer_discrete (and NumPyro's Predictive(..., infer_discrete=True)) "
+                "fails: give the labelled and the unlabelled data a site each (observed, "
+                "and latent) to have them drawn"
             )
-    if why is None:
-        return
-    masked = [n for n in names if n.endswith("_unobserved")]
-    if cause is not None and masked:
-        why += (
-            f"; {masked} come from obs_mask on a discrete site, on which infer_discrete "
-            "(and NumPyro's Predictive(..., infer_discrete=True)) fails: give the labelled "
-            "and the unlabelled data a site each (observed, and latent) instead"
+        return why, err
+    largest = max(
+        (math.prod(v.aval.shape) for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars
+         if hasattr(v.aval, "shape")),
+        default=0,
+    )
+    if largest > MAX_SAMPLER_ELEMENTS:
+        return (
+            f"drawing them with NumPyro's infer_discrete needs an array of {largest:.3g} "
+            "elements (funsor's backward sampling of a chain of dependent discrete sites "
+            "builds the joint table of the whole chain)"
+        ), None
+    return None
+
+
+def undrawn_message(names, why, dependents) -> str:
+    """The setup warning of a guide that cannot draw its discrete sites ``names`` from
+    p(c | z, x) (``why``: :func:`sampler_problem`'s reason)."""
+    shown = f"{list(names)[:6]}{' ...' if len(names) > 6 else ''}"
+    text = (
+        f"UHAGuide: the discrete latent site(s) {shown} are summed out of UHA's target, "
+        f"but the guide cannot draw them from their conditional p(c | z, x): {why}. It "
+        "draws them from their prior p(c | z) instead, with log p(c | z, x) = "
+        "log p(x, z, c) - log p(x, z) in its density, so that every ELBO's term is still "
+        "UHA's log weight on the marginal (training, log_z and the estimators are exact); "
+        "but these draws of them are not posterior draws: sample_posterior leaves them out"
+    )
+    if dependents:
+        text += f", with the deterministic site(s) {list(dependents)} that depend on them"
+    return text + (
+        ", and in Predictive they (and everything downstream of them) are prior draws "
+        "given the continuous ones."
+    )
+
+
+def caller(cls):
+    """The nearest object of type ``cls`` whose method is on the Python call stack (the
+    ``self`` of a calling frame), or ``None``: which NumPyro program runs a guide
+    (``Predictive``), which NumPyro's handler stack does not say."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, cls):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def enumerating() -> bool:
+    """Whether a NumPyro funsor ``enum`` handler is active (``TraceEnum_ELBO`` runs the
+    guide and the model under one)."""
+    from numpyro.contrib.funsor.enum_messenger import BaseEnumMessenger
+    from numpyro.primitives import _PYRO_STACK
+
+    return any(isinstance(handler, BaseEnumMessenger) for handler in _PYRO_STACK)
+
+
+def check_undrawn_context(names, scanned):
+    """Called by a guide that draws its discrete sites ``names`` from their prior (see
+    :func:`undrawn_message`); ``scanned``: those of them inside NumPyro's ``scan``.
+    Raises under enumeration (``TraceEnum_ELBO``) where some are scanned: NumPyro's
+    enumerated ``scan`` does not replay the guide's values, so the model would enumerate
+    them while the guide's density counts its own draws (measured: an ELBO 134 nats off
+    on a 10-step HMM). Warns in ``Predictive``, whose draws of them are prior draws."""
+    if scanned and enumerating():
+        raise ValueError(
+            f"UHAGuide: TraceEnum_ELBO cannot train this guide on this model: the discrete "
+            f"latent site(s) {list(scanned)[:6]} are inside numpyro.contrib.control_flow."
+            "scan, whose enumerated form does not replay the guide's values of them (the "
+            "ELBO would be wrong). Use Trace_ELBO (or TraceGraph_ELBO): with this guide "
+            "their terms are UHA's log weights on the marginal, as TraceEnum_ELBO's would be."
         )
-    raise ValueError(
-        f"{owner}: the discrete latent site(s) {list(names)[:6]}"
-        f"{' ...' if len(names) > 6 else ''} are summed out of UHA's target, and the "
-        "guide draws them from their exact conditional p(c | z, x) so that every ELBO "
-        f"estimates UHA's bound; for this model {why}. Discrete sites that are "
-        "independent given the continuous ones (mixture assignments, indicators in a "
-        "plate) are supported; for a hidden Markov chain, marginalize the states by hand "
-        "(a forward algorithm in a numpyro.factor, e.g. with jax.lax.scan) or use NUTS."
-    ) from cause
+    from numpyro.infer import Predictive
+
+    if caller(Predictive) is not None:
+        warnings.warn(
+            f"UHAGuide: in Predictive, the discrete latent site(s) {list(names)[:6]} are "
+            "drawn from their prior given the guide's continuous draws (the guide cannot "
+            "draw them from p(c | z, x) for this model): they, and sites that depend on "
+            "them, are not posterior (predictive) draws.",
+            UserWarning, stacklevel=3,
+        )
+
+
+def dependent_deterministic(model, max_plate_nesting, args, kwargs, values) -> tuple:
+    """The deterministic sites of ``model`` whose values depend on its discrete latent
+    sites, at constrained continuous ``values``: those whose shape changes when the
+    discrete sites are enumerated (their values laid out along new dimensions)."""
+    with handlers.block():
+        plain = handlers.trace(
+            handlers.substitute(handlers.seed(model, 0), data=values)
+        ).get_trace(*args, **kwargs)
+        enum_trace = handlers.trace(
+            enumerated(handlers.substitute(handlers.seed(model, 0), data=values),
+                       max_plate_nesting)
+        ).get_trace(*args, **kwargs)
+    return tuple(
+        name for name, site in plain.items()
+        if site["type"] == "deterministic"
+        and (name not in enum_trace
+             or jnp.shape(enum_trace[name]["value"]) != jnp.shape(site["value"]))
+    )
 
 
 def pointwise_log_likelihood(model, max_plate_nesting, names, args, kwargs, values) -> dict:
@@ -236,6 +338,15 @@ def pointwise_log_likelihood(model, max_plate_nesting, names, args, kwargs, valu
         if site["type"] != "sample" or not site["is_observed"]:
             continue
         local = [c for c in names if plates[c] and plates[c] <= plates[name]]
+        shared = [c for c in names if c not in local and c not in values]
+        if shared:
+            raise ValueError(
+                f"log_likelihood: the observed site '{name}' depends on the discrete "
+                f"latent site(s) {shared[:6]}, which are shared by several of its elements "
+                "(not in its plates only, e.g. a hidden Markov chain's states) and which "
+                "this guide does not draw: its elements have no pointwise likelihood given "
+                "the continuous latents. Pass log_likelihood=False."
+            )
         # conditioned, not substituted: the enumeration would overwrite a substituted
         # discrete value with its support (condition leaves deterministic sites, e.g. a
         # mean computed from c, to follow the enumerated values)

@@ -617,6 +617,10 @@ class UHAGuide(AutoContinuous):
         self.decentered_sites = ()  # resolved at setup
         # discrete latent sites, summed out of the chain's target (_enumerate.py; set up)
         self._discrete, self._plate_nesting = (), 0
+        # whether the guide draws them from p(c | z, x) (else: TraceEnum_ELBO sums them
+        # out of the model), and the deterministic sites it then leaves out of its draws
+        self._draws_discrete, self._undrawn_dependents = True, ()
+        self._scanned_discrete = ()  # those of them inside numpyro's scan
         # latent entries masked out and flat, completed at setup (_masked.py)
         self._completion = {}
         # decenter="auto": the start ELBO of each coordinate system tried (set up)
@@ -1317,6 +1321,9 @@ class UHAGuide(AutoContinuous):
         # from their exact conditional by the guide (_enumerate.py)
         self._discrete = _enumerate.discrete_sites(model_trace, "UHAGuide")
         self._plate_nesting = _enumerate.plate_nesting(model_trace) if self._discrete else 0
+        self._scanned_discrete = tuple(
+            n for n in self._discrete if model_trace[n].get("_control_flow_done")
+        )
         if not latent:
             raise ValueError(
                 "UHAGuide: the model has no continuous latent sample site (every sample "
@@ -1757,15 +1764,15 @@ class UHAGuide(AutoContinuous):
             result[original] = numpyro.sample(
                 original, dist.Delta(value, log_density=log_density, event_dim=event_ndim)
             )
+        if self._discrete and setup_call and not _is_tracer(inputs):
+            self._choose_discrete_draws(latent, model_params, arrays, spec, args, kwargs)
+        if self._discrete and not self._draws_discrete:
+            _enumerate.check_undrawn_context(self._discrete, self._scanned_discrete)
         if self._discrete:
             # the discrete sites from their exact conditional p(c | z, x) at the chain's
             # last position, log p(c | z, x) in the guide's density: every ELBO's term is
             # then the marginal's UHA log weight (_enumerate.py)
             inputs = (numpyro.prng_key(), latent, model_params, arrays)
-            if setup_call and not _is_tracer(inputs):
-                _enumerate.check_sampler(
-                    partial(self._discrete_impl, spec=spec), inputs, self._discrete, "UHAGuide"
-                )
             if _is_tracer(inputs):
                 drawn, log_conditional = self._discrete_impl(*inputs, spec=spec)
             else:
@@ -1778,6 +1785,31 @@ class UHAGuide(AutoContinuous):
                 )
             _guide_factor(f"_{self.prefix}_discrete_factor", log_conditional)
         return result
+
+    def _choose_discrete_draws(self, latent, model_params, arrays, spec, args, kwargs):
+        """At setup: whether the guide can draw its discrete sites from p(c | z, x)
+        (:func:`~numpyro_uha._enumerate.sampler_problem`). Where it cannot (a hidden
+        Markov chain: NumPyro's infer_discrete fails inside ``scan``, or needs the joint
+        table of a ``markov`` chain), it draws them from their prior given z with
+        log p(c | z, x) in its density (:func:`~numpyro_uha._enumerate.
+        draw_discrete_from_prior`: every ELBO's term stays UHA's log weight), leaves
+        them out of its posterior draws, and warns saying so."""
+        self._draws_discrete = True
+        inputs = (jax.random.PRNGKey(0), latent, model_params, arrays)
+        problem = _enumerate.sampler_problem(
+            partial(self._discrete_impl, spec=spec), inputs, self._discrete
+        )
+        self._draws_discrete = problem is None
+        if problem is None:
+            return
+        values = self._constrained_latents(latent, model_params, args, kwargs)
+        self._undrawn_dependents = _enumerate.dependent_deterministic(
+            self._conditioned_model(model_params), self._plate_nesting, args, kwargs, values
+        )
+        warnings.warn(
+            _enumerate.undrawn_message(self._discrete, problem[0], self._undrawn_dependents),
+            UserWarning, stacklevel=3,
+        )
 
     def _bounded_by_values(self) -> tuple:
         """The latent sites whose support may move with another site's value or with
@@ -1802,7 +1834,8 @@ class UHAGuide(AutoContinuous):
         """The discrete sites drawn from p(c | z, x) at the flat unconstrained
         ``latent`` z, and log p(c | z, x) (:func:`~numpyro_uha._enumerate.draw_discrete`)."""
         args, kwargs = _merge_static(arrays, spec)
-        return _enumerate.draw_discrete(
+        draw = _enumerate.draw_discrete if self._draws_discrete else _enumerate.draw_discrete_from_prior
+        return draw(
             rng_key, self._conditioned_model(model_params), self._plate_nesting,
             self._discrete, args, kwargs,
             self._constrained_latents(latent, model_params, args, kwargs),
@@ -1903,6 +1936,9 @@ class UHAGuide(AutoContinuous):
         state.setdefault("_hold_data", False)
         state.setdefault("_discrete", ())
         state.setdefault("_plate_nesting", 0)
+        state.setdefault("_draws_discrete", True)
+        state.setdefault("_undrawn_dependents", ())
+        state.setdefault("_scanned_discrete", ())
         self.__dict__.update(state)
 
     # ------------------------------------------------------------- sampling
@@ -1941,7 +1977,7 @@ class UHAGuide(AutoContinuous):
             samples = None
             if with_samples:
                 drawn, at_draw = {}, model
-                if self._discrete:
+                if self._discrete and self._draws_discrete:
                     # (z, c) jointly: c from p(c | z, x), the weight z's (_enumerate.py)
                     drawn = _enumerate.draw_discrete(
                         jax.random.fold_in(key, 1), model, self._plate_nesting,
@@ -1955,7 +1991,10 @@ class UHAGuide(AutoContinuous):
                         return_deterministic=True,
                     )
                 # the model's own sites only (x, not the guide's coordinates x̃)
-                samples = {k: v for k, v in samples.items() if self._model_site(k) == k}
+                samples = {
+                    k: v for k, v in samples.items()
+                    if self._model_site(k) == k and k not in self._undrawn_dependents
+                }
                 samples.update(drawn)
             return samples, log_weight, z, (info if with_info else None)
 

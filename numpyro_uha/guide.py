@@ -441,8 +441,11 @@ class UHAGuide(AutoContinuous):
     position, with log p(c | z, x) in its density: ``Trace_ELBO`` and ``TraceEnum_ELBO``
     then estimate the same bound on log Z, and the draws hold (z, c) jointly
     (``numpyro_uha/_enumerate.py``; NumPyro's SVI still warns about Trace_ELBO and
-    discrete sites). Sites that depend on each other in a chain (a hidden Markov model)
-    are refused at setup with an explanation.
+    discrete sites). Where NumPyro cannot draw them from p(c | z, x) (a hidden Markov
+    model's states inside ``scan`` or a long ``markov`` loop), the guide draws them from
+    their prior p(c | z) with log p(c | z, x) in its density instead: the ELBO is still
+    UHA's bound on the marginal, but the states are left out of the posterior draws
+    (a warning at setup says so; docs/how-to/discrete.md).
 
     Usage::
 
@@ -1764,7 +1767,7 @@ class UHAGuide(AutoContinuous):
             result[original] = numpyro.sample(
                 original, dist.Delta(value, log_density=log_density, event_dim=event_ndim)
             )
-        if self._discrete and setup_call and not _is_tracer(inputs):
+        if self._discrete and setup_call:  # also under a JAX transform (traced only)
             self._choose_discrete_draws(latent, model_params, arrays, spec, args, kwargs)
         if self._discrete and not self._draws_discrete:
             _enumerate.check_undrawn_context(self._discrete, self._scanned_discrete)

@@ -236,3 +236,23 @@ def test_a_long_markov_loop_every_elbos_term_is_the_log_weight(monkeypatch):
     assert set(guide.sample_posterior(jax.random.PRNGKey(6), params, y, sample_shape=(2,))) == {
         "shift", "stay"
     }
+
+
+def test_svi_init_under_jit_sets_up_as_the_eager_call():
+    """The choice to draw the states from their prior is made from the traced program,
+    so it holds when the setup itself runs under ``jax.jit``."""
+    eager_guide, svi, state, _ = _setup(scanned_chain, Y)
+    guide = UHAGuide(scanned_chain, K=4, warm_start_steps=0)
+    svi_jit = SVI(scanned_chain, guide, optax.adam(3e-3), Trace_ELBO())
+    with pytest.warns(UserWarning, match="cannot draw them from their conditional"):
+        jit_state = jax.jit(svi_jit.init)(jax.random.PRNGKey(0), Y)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+        svi_jit.get_params(jit_state), svi.get_params(state),
+    )
+    key = jax.random.PRNGKey(7)
+    np.testing.assert_allclose(
+        Trace_ELBO().loss(key, svi_jit.get_params(jit_state), scanned_chain, guide, Y),
+        Trace_ELBO().loss(key, svi.get_params(state), scanned_chain, eager_guide, Y),
+        rtol=1e-5,
+    )

@@ -165,7 +165,9 @@ def _nuts(model, y, args):
 
 
 def _fmt(x):
-    return np.array2string(np.asarray(x), precision=3, separator=", ")
+    """Flattened (row by row), on one line: a cell of the markdown table."""
+    return np.array2string(np.ravel(np.asarray(x)), precision=3, separator=", ",
+                           max_line_width=10**6)
 
 
 def main(argv=None):

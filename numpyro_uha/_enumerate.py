@@ -35,6 +35,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 from numpyro import handlers
+import numpyro.distributions as dist
 import numpyro.infer.autoguide as _autoguide
 from numpyro.infer.util import _guess_max_plate_nesting, log_density
 
@@ -111,12 +112,49 @@ def enumerated(model, max_plate_nesting: int):
     return enum(config_enumerate(model), -max_plate_nesting - 1)
 
 
-def marginal_log_density(model, max_plate_nesting, args, kwargs, values):
+def kept_entries(site):
+    """Which entries of a discrete site the model counts (its masks, from
+    ``numpyro.handlers.mask`` or ``obs_mask``, broadcast to the site's batch shape), and
+    the size of its support: ``(keep, size)``."""
+    fn = site["fn"]
+    keep = jnp.ones(fn.batch_shape, bool)
+    while True:
+        if isinstance(fn, dist.MaskedDistribution):
+            keep = keep & jnp.broadcast_to(jnp.asarray(fn._mask, bool), keep.shape)
+        elif not isinstance(fn, (dist.ExpandedDistribution, dist.Independent)):
+            break
+        fn = fn.base_dist
+    return keep, fn.enumerate_support(expand=False).shape[0]
+
+
+def masked_out_log_count(model_trace, names):
+    """Σ over the discrete sites ``names`` of log |support| for each entry the model
+    masks out. Summed out, such an entry counts 1 for each of its values (its masked
+    log density is 0), which adds log |support| to log Σ_c p(x, z, c) and to log Z but
+    nothing that depends on z; the guide removes it, so that log Z is the model's, as
+    for masked-out continuous entries (``_masked.py``). E.g. a hidden Markov model's
+    padding steps past each sequence's length (numpyro's ``hmm_enum`` example)."""
+    total = jnp.zeros(())
+    for name in names:
+        keep, size = kept_entries(model_trace[name])
+        total = total + jnp.sum(~keep) * math.log(size)
+    return total
+
+
+def marginal_log_density(model, max_plate_nesting, args, kwargs, values, names=()):
     """log Σ_c p(x, z, c) at constrained continuous ``values`` z (Jacobians not
-    included: the caller's, as :func:`numpyro.infer.util.log_density`)."""
+    included: the caller's, as :func:`numpyro.infer.util.log_density`), less the
+    masked-out entries of the discrete sites ``names`` (:func:`masked_out_log_count`)."""
     from numpyro.contrib.funsor import log_density as enum_log_density
 
-    return enum_log_density(enumerated(model, max_plate_nesting), args, kwargs, values)[0]
+    value = enum_log_density(enumerated(model, max_plate_nesting), args, kwargs, values)[0]
+    if names:
+        with handlers.block():
+            plain = handlers.trace(
+                handlers.substitute(handlers.seed(model, 0), data=values)
+            ).get_trace(*args, **kwargs)
+        value = value - masked_out_log_count(plain, names)
+    return value
 
 
 def draw_discrete(rng_key, model, max_plate_nesting, names, args, kwargs, values):
@@ -134,7 +172,7 @@ def draw_discrete(rng_key, model, max_plate_nesting, names, args, kwargs, values
         drawn = {name: trace[name]["value"] for name in names}
         joint = log_density(handlers.seed(model, 0), args, kwargs, {**values, **drawn})[0]
         marginal = marginal_log_density(
-            handlers.seed(model, 0), max_plate_nesting, args, kwargs, values
+            handlers.seed(model, 0), max_plate_nesting, args, kwargs, values, names
         )
     return drawn, jnp.asarray(joint - marginal)
 
@@ -155,7 +193,7 @@ def draw_discrete_from_prior(rng_key, model, max_plate_nesting, names, args, kwa
         drawn = {name: trace[name]["value"] for name in names}
         joint = log_density(handlers.seed(model, 0), args, kwargs, {**values, **drawn})[0]
         marginal = marginal_log_density(
-            handlers.seed(model, 0), max_plate_nesting, args, kwargs, values
+            handlers.seed(model, 0), max_plate_nesting, args, kwargs, values, names
         )
     return drawn, jnp.asarray(joint - marginal)
 
@@ -363,5 +401,8 @@ def pointwise_log_likelihood(model, max_plate_nesting, names, args, kwargs, valu
         batch_ndim = len(site["fn"].batch_shape)
         extra = tuple(range(jnp.ndim(total) - batch_ndim))  # the enumeration dimensions
         total = jax.scipy.special.logsumexp(total, axis=extra) if extra else total
+        for c in local:  # a masked-out assignment counts each of its values once
+            keep, size = kept_entries(plain[c])
+            total = total - jnp.where(keep, 0.0, math.log(size))
         out[name] = jnp.broadcast_to(total, site["fn"].batch_shape)
     return out

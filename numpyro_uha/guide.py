@@ -28,6 +28,7 @@ from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.autoguide import (
     AutoContinuous,
     AutoDiagonalNormal,
+    AutoGuide,
     AutoMultivariateNormal,
     AutoNormal,
 )
@@ -361,7 +362,24 @@ def _needs_concrete_data(model, args, kwargs, values) -> bool:
     return False
 
 
-class UHAGuide(AutoContinuous):
+class _ScannedPlates(AutoGuide):
+    """Registers the plates of latent sites inside ``numpyro.contrib.control_flow.scan``
+    (or another control-flow primitive), whose body's plates leave no site in the trace:
+    NumPyro's AutoContinuous setup looks every latent site's plate up among the trace's
+    plate sites and raised ``KeyError: '<plate>'`` on such a model (every AutoContinuous
+    guide does; e.g. several series' latent states in a ``scan`` step's plate). Sits
+    between AutoContinuous and AutoGuide in UHAGuide's MRO: it runs after AutoGuide's
+    setup has read the trace's plates and before AutoContinuous's check."""
+
+    def _setup_prototype(self, *args, **kwargs):
+        super()._setup_prototype(*args, **kwargs)
+        for site in self.prototype_trace.values():
+            if site["type"] == "sample" and site.get("_control_flow_done"):
+                for frame in site["cond_indep_stack"]:
+                    self._prototype_frame_full_sizes.setdefault(frame.name, frame.size)
+
+
+class UHAGuide(AutoContinuous, _ScannedPlates):
     r"""Uncorrected Hamiltonian Annealing guide (Geffner & Domke, NeurIPS 2021).
 
     A draw starts at z₁ ~ q = N(μ, diag(s²)) (or N(μ, LLᵀ)) in the model's unconstrained
@@ -1413,7 +1431,10 @@ class UHAGuide(AutoContinuous):
 
     def _make_logdensity(self, args, kwargs, model_params):
         model = self._conditioned_model(model_params)
-        coords = self._completion_now(self._check_same_latents(model, args, kwargs))[0]
+        init_trace = self._check_same_latents(model, args, kwargs)
+        coords = self._completion_now(init_trace)[0]
+        # summed out, a masked-out discrete entry would count log |support| (_enumerate.py)
+        masked_out = _enumerate.masked_out_log_count(init_trace, self._discrete)
 
         # Seeded inside the block: NumPyro's block lets "prng_key" messages through, so a
         # model drawing keys (e.g. numpyro.contrib.control_flow.scan) would otherwise split
@@ -1432,7 +1453,7 @@ class UHAGuide(AutoContinuous):
                 )
             if coords is not None:  # masked-out entries nothing depends on (_masked.py)
                 value = value + completion_log_density(z, coords)
-            return value
+            return value - masked_out if self._discrete else value
 
         return logdensity_fn
 

@@ -354,3 +354,48 @@ def test_a_shared_discrete_site_is_held_at_its_draw_in_the_log_likelihood():
     np.testing.assert_allclose(
         np.asarray(idata.log_likelihood["y"]).reshape(20, -1), expected, rtol=1e-5, atol=1e-4
     )
+
+
+def padded_mixture(y, keep):
+    """``mixture`` with padding: the points where ``keep`` is False are masked out, their
+    assignments too."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))
+    with numpyro.plate("data", y.shape[0]), numpyro.handlers.mask(mask=keep):
+        c = numpyro.sample("c", dist.Categorical(jnp.asarray(WEIGHTS)))
+        numpyro.sample("y", dist.Normal(mu + jnp.asarray(OFFSETS)[c], 1.0), obs=y)
+
+
+def test_padding_changes_neither_the_target_nor_the_kept_points_log_likelihood():
+    """Masked-out assignments count nothing (summed out, each would count log 2): the
+    padded model's target is the unpadded one's at every z, its ELBO terms are the
+    weights, and the export's pointwise log-likelihood is the unpadded model's at the kept
+    points and 0 at the padding."""
+    from numpyro_uha.evaluation import to_inference_data
+
+    padded_y = jnp.concatenate([Y, jnp.full(4, 9.0)])
+    keep = jnp.arange(padded_y.shape[0]) < Y.shape[0]
+    guide = UHAGuide(padded_mixture, K=2, warm_start_steps=0)
+    svi = SVI(padded_mixture, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), padded_y, keep))
+    target = guide.get_logdensity_fn(params, padded_y, keep)
+    for mu in [-0.5, 0.4, 1.3]:
+        by_hand = norm.logpdf(mu, 0.0, PRIOR_SD) + logsumexp(
+            np.log(WEIGHTS) + norm.logpdf(np.asarray(Y)[:, None], mu + OFFSETS), axis=1
+        ).sum()
+        np.testing.assert_allclose(float(target(jnp.array([mu]))), by_hand, rtol=1e-5)
+    terms, log_w, _ = elbo_terms_and_core_weights(
+        guide, params, padded_mixture, padded_y, keep, num_keys=3, keys_drawn=2
+    )
+    np.testing.assert_allclose(terms, log_w, rtol=1e-5, atol=2e-3)
+    idata = to_inference_data(guide, jax.random.PRNGKey(2), params, padded_y, keep,
+                              num_samples=10)
+    mu = np.asarray(idata.posterior["mu"]).reshape(-1)
+    expected = logsumexp(
+        np.log(WEIGHTS) + norm.logpdf(
+            np.asarray(Y, np.float64)[None, :, None], mu[:, None, None] + OFFSETS, 1.0
+        ),
+        axis=2,
+    )
+    pointwise = np.asarray(idata.log_likelihood["y"]).reshape(10, -1)
+    np.testing.assert_allclose(pointwise[:, : Y.shape[0]], expected, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(pointwise[:, Y.shape[0]:], 0.0, atol=1e-6)

@@ -110,12 +110,12 @@ def exact(y):
     return log_z, float((post * shift).sum()), float((post * stay).sum())
 
 
-def _setup(model, y, **options):
-    guide = UHAGuide(model, K=4, warm_start_steps=0, **options)
+def _setup(model, y, **model_kwargs):
+    guide = UHAGuide(model, K=4, warm_start_steps=0)
     svi = SVI(model, guide, optax.adam(3e-3), Trace_ELBO())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        state = svi.init(jax.random.PRNGKey(0), y)
+        state = svi.init(jax.random.PRNGKey(0), y, **model_kwargs)
     return guide, svi, state, [str(w.message) for w in caught]
 
 
@@ -256,3 +256,59 @@ def test_svi_init_under_jit_sets_up_as_the_eager_call():
         Trace_ELBO().loss(key, svi.get_params(state), scanned_chain, eager_guide, Y),
         rtol=1e-5,
     )
+
+
+def padded_sequences(y, lengths):
+    """Several chains of different lengths in the columns of ``y``, padded to the longest
+    and masked past each length (NumPyro's ``hmm_enum`` example's layout): a plate inside
+    the scan step, and masked-out states."""
+    stay = numpyro.sample("stay", dist.Beta(2.0, 2.0))
+    loc = numpyro.sample("loc", dist.Normal(jnp.asarray(OFFSETS), 1.0).to_event(1))
+    transition = _transition(stay)
+
+    def step(carry, y_t):
+        c_prev, t = carry
+        with numpyro.plate("sequences", y.shape[1], dim=-1):
+            with numpyro.handlers.mask(mask=t < lengths):
+                c = numpyro.sample("c", dist.Categorical(transition[c_prev]))
+                numpyro.sample("y", dist.Normal(loc[c], 0.7), obs=y_t)
+        return (c, t + 1), None
+
+    scan(step, (jnp.zeros(y.shape[1], jnp.int32), 0), y)
+
+
+def test_padded_sequences_target_each_chains_own_forward_algorithm():
+    """The padding steps (states and observations masked out) count nothing: the target
+    is the sum over sequences of each one's forward algorithm over its own length (summed
+    out, a masked state would count log 2 per step: 13 log 2 = 9.01 nats here), and
+    Trace_ELBO's term is the core's log weight."""
+    rng = np.random.default_rng(2)
+    lengths = jnp.array([12, 8, 10, 5, 12])
+    y = jnp.asarray(rng.normal(size=(12, 5)) * 0.7 + np.where(rng.random((12, 5)) < 0.5, -1, 1),
+                    jnp.float32)
+    guide, svi, state, _ = _setup(padded_sequences, y, lengths=lengths)
+    params = svi.get_params(state)
+    logdensity_fn = guide.get_logdensity_fn(params, y, lengths)
+
+    def each_chain(stay, loc):
+        log_t = np.log(np.array([[stay, 1 - stay], [1 - stay, stay]]))
+        total = 0.0
+        for n, length in enumerate(np.asarray(lengths)):
+            alpha = log_t[0] + norm.logpdf(float(y[0, n]), loc, 0.7)
+            for t in range(1, int(length)):
+                alpha = logsumexp(alpha[:, None] + log_t, axis=0) + norm.logpdf(float(y[t, n]), loc, 0.7)
+            total += logsumexp(alpha)
+        return total
+
+    for u, loc in [(0.3, np.array([-0.8, 1.2])), (-1.0, np.array([0.5, 0.1]))]:
+        stay = expit(u)
+        by_hand = (beta_dist.logpdf(stay, 2.0, 2.0) + np.log(stay * (1 - stay))
+                   + norm.logpdf(loc, OFFSETS, 1.0).sum() + each_chain(stay, loc))
+        z = guide.latent_from_samples(
+            {"stay": jnp.array(stay), "loc": jnp.asarray(loc, jnp.float32)}, y, lengths
+        )
+        np.testing.assert_allclose(float(logdensity_fn(z)), by_hand, rtol=1e-5)
+    terms, log_w, _ = elbo_terms_and_core_weights(
+        guide, params, padded_sequences, y, lengths, num_keys=3, keys_drawn=2
+    )
+    np.testing.assert_allclose(terms, log_w, rtol=1e-5, atol=2e-3)

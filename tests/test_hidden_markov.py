@@ -7,9 +7,10 @@ density (``numpyro_uha/_enumerate.py``, ``draw_discrete_from_prior``): every ELB
 still the UHA log weight on the marginal, and the states are left out of its posterior
 draws.
 
-A two-state sticky chain with one shift and one stay probability latent: the chain's
-target is checked against a forward algorithm written here, and the evidence against
-quadrature over (shift, stay) in float64.
+A two-state sticky chain with one shift and one stay probability latent (the model of
+``benchmarks.hidden_markov.two_state``): the chain's target is checked against that
+benchmark's forward algorithm, and the evidence against its quadrature over (shift, stay)
+in float64.
 """
 
 import warnings
@@ -27,13 +28,13 @@ from scipy.special import expit, logsumexp
 from scipy.stats import beta as beta_dist
 from scipy.stats import norm
 
+from benchmarks.hidden_markov import OFFSETS, forward, two_state_exact
 from numpyro_uha import UHAGuide, _enumerate
 from numpyro_uha.evaluation import psis_khat, to_inference_data
 
 from tests.test_guide_weights import elbo_terms_and_core_weights
 
-OFFSETS = np.array([-1.5, 1.5])
-SHIFT_SD = 2.0
+SHIFT_SD = 2.0  # as in benchmarks.hidden_markov.two_state, whose reference is used here
 
 
 def _data(length, seed=0):
@@ -79,35 +80,10 @@ def looped_chain(y):
         numpyro.sample(f"y_{t}", dist.Normal(shift + jnp.asarray(OFFSETS)[c], 1.0), obs=y[t])
 
 
-def forward(y, shift, stay):
-    """log p(y | shift, stay), the states summed out (numpy; broadcasts over shift and
-    stay)."""
-    y = np.asarray(y, np.float64)
-    shift, stay = np.asarray(shift, np.float64)[..., None], np.asarray(stay, np.float64)
-    log_stay, log_move = np.log(stay)[..., None], np.log1p(-stay)[..., None]
-
-    def emit(t):
-        return norm.logpdf(y[t], shift + OFFSETS, 1.0)
-
-    alpha = np.concatenate([log_stay, log_move], axis=-1) + emit(0)  # c_0 ~ row 0
-    for t in range(1, y.shape[0]):
-        to_0 = np.logaddexp(alpha[..., :1] + log_stay, alpha[..., 1:] + log_move)
-        to_1 = np.logaddexp(alpha[..., :1] + log_move, alpha[..., 1:] + log_stay)
-        alpha = np.concatenate([to_0, to_1], axis=-1) + emit(t)
-    return logsumexp(alpha, axis=-1)
-
-
 def exact(y):
     """log Z, E[shift | y] and E[stay | y] by quadrature over (shift, stay)."""
-    shift = np.linspace(-10.0, 10.0, 2001)[:, None]
-    stay = (np.arange(800) + 0.5) / 800
-    log_post = (
-        norm.logpdf(shift, 0.0, SHIFT_SD) + beta_dist.logpdf(stay, 2.0, 2.0)
-        + forward(y, shift, stay)
-    )
-    log_z = logsumexp(log_post) + np.log((shift[1, 0] - shift[0, 0]) * (stay[1] - stay[0]))
-    post = np.exp(log_post - logsumexp(log_post))
-    return log_z, float((post * shift).sum()), float((post * stay).sum())
+    log_z, means = two_state_exact(y)
+    return log_z, means["shift"], means["stay"]
 
 
 def _setup(model, y, **model_kwargs):

@@ -117,7 +117,8 @@ def kept_entries(site):
     ``numpyro.handlers.mask`` or ``obs_mask``, broadcast to the site's batch shape), and
     the size of its support: ``(keep, size)``."""
     fn = site["fn"]
-    keep = jnp.ones(fn.batch_shape, bool)
+    # batch and event entries: a Masked distribution under Independent masks event entries
+    keep = jnp.ones(fn.shape(), bool)
     while True:
         if isinstance(fn, dist.MaskedDistribution):
             keep = keep & jnp.broadcast_to(jnp.asarray(fn._mask, bool), keep.shape)

@@ -638,8 +638,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         self.decentered_sites = ()  # resolved at setup
         # discrete latent sites, summed out of the chain's target (_enumerate.py; set up)
         self._discrete, self._plate_nesting = (), 0
-        # whether the guide draws them from p(c | z, x) (else: TraceEnum_ELBO sums them
-        # out of the model), and the deterministic sites it then leaves out of its draws
+        # whether the guide draws them from p(c | z, x) (else from their prior p(c | z):
+        # _choose_discrete_draws), and the deterministic sites it then leaves out of its
+        # posterior draws
         self._draws_discrete, self._undrawn_dependents = True, ()
         self._scanned_discrete = ()  # those of them inside numpyro's scan
         # latent entries masked out and flat, completed at setup (_masked.py)
@@ -1856,9 +1857,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
 
     def _discrete_impl(self, rng_key, latent, model_params, arrays, *, spec):
         """The discrete sites drawn from p(c | z, x) at the flat unconstrained
-        ``latent`` z, and log p(c | z, x) (:func:`~numpyro_uha._enumerate.draw_discrete`)."""
+        ``latent`` z, and log p(c | z, x) (:func:`~numpyro_uha._enumerate.draw_discrete`);
+        from their prior p(c | z) where the guide cannot draw them from p(c | z, x)
+        (:meth:`_choose_discrete_draws`)."""
         args, kwargs = _merge_static(arrays, spec)
-        draw = _enumerate.draw_discrete if self._draws_discrete else _enumerate.draw_discrete_from_prior
+        draw = (_enumerate.draw_discrete if self._draws_discrete
+                else _enumerate.draw_discrete_from_prior)
         return draw(
             rng_key, self._conditioned_model(model_params), self._plate_nesting,
             self._discrete, args, kwargs,

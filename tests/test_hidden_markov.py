@@ -96,6 +96,13 @@ def _setup(model, y, **model_kwargs):
 
 
 @pytest.fixture(scope="module")
+def set_up():
+    """The scanned chain's guide right after ``svi.init`` (warm start off), its SVI, its
+    state and the warnings the setup gave."""
+    return _setup(scanned_chain, Y)
+
+
+@pytest.fixture(scope="module")
 def fitted():
     guide = UHAGuide(scanned_chain, K=4, warm_start_steps=0)
     svi = SVI(scanned_chain, guide, optax.adam(3e-3), Trace_ELBO())
@@ -105,17 +112,17 @@ def fitted():
     return guide, params
 
 
-def test_a_scanned_chain_sets_up_and_says_why_its_states_are_not_drawn():
-    guide, svi, state, messages = _setup(scanned_chain, Y)
+def test_a_scanned_chain_sets_up_and_says_why_its_states_are_not_drawn(set_up):
+    guide, svi, state, messages = set_up
     said = [m for m in messages if "cannot draw them from their conditional" in m]
     assert len(said) == 1, messages
     assert "['c']" in said[0] and "infer_discrete" in said[0] and "['level']" in said[0]
 
 
-def test_the_target_is_the_forward_algorithms_marginal():
+def test_the_target_is_the_forward_algorithms_marginal(set_up):
     """The chain's log density at unconstrained (shift, logit stay): the prior, the
     forward algorithm's likelihood and the logit's Jacobian."""
-    guide, svi, state, _ = _setup(scanned_chain, Y)
+    guide, svi, state, _ = set_up
     logdensity_fn = guide.get_logdensity_fn(svi.get_params(state), Y)
     for shift, u in [(0.3, 0.2), (-1.0, 1.5), (2.0, -0.7)]:
         stay = expit(u)
@@ -193,12 +200,12 @@ def test_the_pointwise_log_likelihood_is_refused_with_a_reason(fitted):
 
 def test_a_long_markov_loop_every_elbos_term_is_the_log_weight(monkeypatch):
     """A ``markov`` loop whose states infer_discrete would draw through a table larger
-    than the guide allows (2^8 entries against a limit lowered to 2^5 here; 2^30 for 30
+    than the guide allows (2^5 entries against a limit lowered to 2^3 here; 2^30 for 30
     states against the real 2^27): the guide draws them from their prior; Trace_ELBO's
     and TraceEnum_ELBO's terms (no scan: replayed) are the core's log weights key by
     key."""
-    monkeypatch.setattr(_enumerate, "MAX_SAMPLER_ELEMENTS", 2**5)
-    y = _data(8, seed=1)
+    monkeypatch.setattr(_enumerate, "MAX_SAMPLER_ELEMENTS", 2**3)
+    y = _data(5, seed=1)
     guide, svi, state, messages = _setup(looped_chain, y)
     assert any("needs an array of" in m for m in messages), messages
     params = svi.get_params(state)
@@ -214,10 +221,10 @@ def test_a_long_markov_loop_every_elbos_term_is_the_log_weight(monkeypatch):
     }
 
 
-def test_svi_init_under_jit_sets_up_as_the_eager_call():
+def test_svi_init_under_jit_sets_up_as_the_eager_call(set_up):
     """The choice to draw the states from their prior is made from the traced program,
     so it holds when the setup itself runs under ``jax.jit``."""
-    eager_guide, svi, state, _ = _setup(scanned_chain, Y)
+    eager_guide, svi, state, _ = set_up
     guide = UHAGuide(scanned_chain, K=4, warm_start_steps=0)
     svi_jit = SVI(scanned_chain, guide, optax.adam(3e-3), Trace_ELBO())
     with pytest.warns(UserWarning, match="cannot draw them from their conditional"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+import functools
 import hashlib
 import warnings
 from typing import NamedTuple
@@ -360,6 +361,34 @@ def _needs_concrete_data(model, args, kwargs, values) -> bool:
     except Exception:  # noqa: BLE001 - anything else is the compiled path's to report
         return False
     return False
+
+
+def _inside_cond(site) -> bool:
+    """Whether a sample site comes from ``numpyro.contrib.control_flow.cond`` (a
+    control-flow site that ``scan`` did not index)."""
+    return bool(site.get("_control_flow_done")) and "_scan_current_index" not in site.get(
+        "infer", {}
+    )
+
+
+@functools.cache
+def _cond_replays() -> bool:
+    """Whether the installed NumPyro's ``cond`` returns a replayed value (numpyro 0.22's
+    does not: its branches honour ``condition`` and ``substitute`` only, and a replayed
+    site's recorded value then differs from the one the model goes on with). Probed on a
+    one-site model."""
+    from numpyro.contrib.control_flow import cond
+
+    def model():
+        return cond(True, lambda _: numpyro.sample("x", dist.Normal(0.0, 1.0)),
+                    lambda _: numpyro.sample("x", dist.Normal(0.0, 1.0)), None)
+
+    recorded = handlers.trace(
+        handlers.seed(lambda: numpyro.sample("x", dist.Delta(jnp.asarray(123.0))), 0)
+    ).get_trace()
+    with handlers.block():
+        returned = handlers.seed(handlers.replay(model, trace=recorded), 0)()
+    return bool(jnp.abs(returned - 123.0) < 1e-3)
 
 
 class _ScannedPlates(AutoGuide):
@@ -1339,6 +1368,18 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 if site["fn"].support.is_discrete:
                     continue  # summed out (_enumerate.py), checked below
                 latent.append(name)
+        in_cond = [n for n in latent if _inside_cond(model_trace[n])]
+        if in_cond and not _cond_replays():
+            raise ValueError(
+                f"UHAGuide: latent site(s) {in_cond[:6]} are sampled inside "
+                "numpyro.contrib.control_flow.cond, which in this NumPyro version does not "
+                "replay a guide's values: under Trace_ELBO (and every ELBO) the model's cond "
+                "returns a fresh draw from the branch while the trace records the guide's, "
+                "so the loss of any guide on this model is wrong (its terms are not log p(x, "
+                "z) - log q(z)). Write the branch choice into the distribution's parameters "
+                "instead, e.g. numpyro.sample('b', dist.Normal(jnp.where(a > 0, 1.0, -1.0), "
+                "1.0)), which every guide and NUTS handle."
+            )
         # discrete latent sites: marginalized by enumeration in the chain's target, drawn
         # from their exact conditional by the guide (_enumerate.py)
         self._discrete = _enumerate.discrete_sites(model_trace, "UHAGuide")

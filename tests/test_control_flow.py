@@ -1,9 +1,13 @@
-"""Latent sites in a plate inside ``numpyro.contrib.control_flow.scan``.
+"""Latent sites inside NumPyro's control flow (``numpyro.contrib.control_flow``).
 
-A scan step's plates leave no plate site in the model's trace, and NumPyro's
+``scan``: a step's plates leave no plate site in the model's trace, and NumPyro's
 AutoContinuous setup looked each latent site's plate up among those: every AutoContinuous
 guide raised ``KeyError: '<plate>'`` on such a model (several series' latent states in one
 scan). ``UHAGuide`` registers those plates (``guide._ScannedPlates``).
+
+``cond``: NumPyro 0.22's does not replay a guide's values, so every ELBO's loss is wrong
+on a model with a latent site inside it; ``UHAGuide`` refuses such a model at setup with
+the rewrite that works, where the installed NumPyro has the bug (probed).
 """
 
 import warnings
@@ -14,11 +18,14 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import optax
-from numpyro.contrib.control_flow import scan
+from numpyro.contrib.control_flow import cond, scan
 from numpyro.infer import SVI, Predictive, Trace_ELBO
 from scipy.stats import halfnorm, norm
 
+import pytest
+
 from numpyro_uha import UHAGuide
+from numpyro_uha.guide import _cond_replays
 
 from tests.test_guide_weights import elbo_terms_and_core_weights
 
@@ -67,3 +74,36 @@ def test_a_plate_inside_scan_sets_up_targets_the_model_and_keeps_the_elbo_the_we
             jax.random.PRNGKey(2), Y
         )
     assert predicted["y"].shape == (4, T, N)
+
+
+def branching(y):
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    b = cond(a > 0, lambda _: numpyro.sample("b", dist.Normal(1.0, 1.0)),
+             lambda _: numpyro.sample("b", dist.Normal(-1.0, 1.0)), None)
+    numpyro.sample("y", dist.Normal(a + b, 1.0), obs=y)
+
+
+def test_a_latent_site_inside_cond_is_refused_where_cond_does_not_replay():
+    """The probe's answer is what the model does under replay; where cond does not
+    replay, the guide refuses the model with the rewrite, and where it does, Trace_ELBO's
+    terms are the core's weights."""
+    y = jnp.asarray(np.random.default_rng(0).normal(size=8) + 1.0, jnp.float32)
+    guide_trace = numpyro.handlers.trace(numpyro.handlers.seed(
+        lambda: (numpyro.sample("a", dist.Delta(jnp.asarray(-0.8))),
+                 numpyro.sample("b", dist.Delta(jnp.asarray(0.9)))), 0
+    )).get_trace()
+    model_trace = numpyro.handlers.trace(numpyro.handlers.seed(
+        numpyro.handlers.replay(branching, trace=guide_trace), 1
+    )).get_trace(y)
+    # the y site's mean is a + (the b the model went on with)
+    went_on_with = float(jnp.ravel(model_trace["y"]["fn"].loc)[0]) - (-0.8)
+    assert _cond_replays() == (abs(went_on_with - 0.9) < 1e-5)
+    guide = UHAGuide(branching, K=3, warm_start_steps=0)
+    svi = SVI(branching, guide, optax.adam(1e-3), Trace_ELBO())
+    if not _cond_replays():
+        with pytest.raises(ValueError, match=r"\['b'\] are sampled inside numpyro.contrib.control_flow.cond"):
+            svi.init(jax.random.PRNGKey(0), y)
+        return
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    terms, log_w, _ = elbo_terms_and_core_weights(guide, params, branching, y, num_keys=3)
+    np.testing.assert_allclose(terms, log_w, rtol=1e-5, atol=2e-3)

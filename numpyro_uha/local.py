@@ -906,7 +906,9 @@ class UHALocalGuide(AutoGuide):
 
         def logdensity(rows):
             data = {**global_values, **model_params, plate_name: idx}
-            trace = self._trace_at_rows(rows, data, args, kwargs)
+            # seeded here: a model that draws keys (numpyro's scan does) would otherwise
+            # split the caller's key inside the chain's JAX loop and leak a tracer
+            trace = self._trace_at_rows(rows, data, args, kwargs, seed=0)
             left_out = self._left_out(trace, completed) if completed else None
             log_det = self._constrain(rows, left_out, trace)[1]
             if completed and probed is None:

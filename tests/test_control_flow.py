@@ -107,3 +107,33 @@ def test_a_latent_site_inside_cond_is_refused_where_cond_does_not_replay():
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
     terms, log_w, _ = elbo_terms_and_core_weights(guide, params, branching, y, num_keys=3)
     np.testing.assert_allclose(terms, log_w, rtol=1e-5, atol=2e-3)
+
+
+def local_random_walks(y):
+    """``random_walks`` with each series' start latent too: every series is a data point
+    of ``UHALocalGuide`` (its plate is subsampled outside and inside the scan)."""
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    with numpyro.plate("series", y.shape[1]):
+        h0 = numpyro.sample("h0", dist.Normal(0.0, 1.0))
+
+    def step(h_prev, y_t):
+        with numpyro.plate("series", y.shape[1]):
+            h = numpyro.sample("h", dist.Normal(h_prev, s))
+            numpyro.sample("y", dist.Normal(h, 0.5), obs=y_t)
+        return h, None
+
+    scan(step, h0, y)
+
+
+def test_uha_local_guide_trains_on_a_scan_model():
+    """The chains' target runs the model inside a JAX loop; NumPyro's scan draws a key,
+    which (unseeded there) split the caller's key inside the loop and leaked a tracer."""
+    from numpyro_uha import UHALocalGuide
+
+    guide = UHALocalGuide(local_random_walks, K=2)
+    svi = SVI(local_random_walks, guide, optax.adam(1e-3), Trace_ELBO())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = svi.run(jax.random.PRNGKey(0), 3, Y, progress_bar=False)
+    assert np.all(np.isfinite(result.losses))
+    assert set(guide._local_sites) == {"h0", "h"}

@@ -8,6 +8,9 @@ scan). ``UHAGuide`` registers those plates (``guide._ScannedPlates``).
 ``cond``: NumPyro 0.22's does not replay a guide's values, so every ELBO's loss is wrong
 on a model with a latent site inside it; ``UHAGuide`` refuses such a model at setup with
 the rewrite that works, where the installed NumPyro has the bug (probed).
+
+``UHALocalGuide`` on a ``scan`` model: its chains' target ran the model unseeded inside
+the chain's JAX loop, and the scan's key leaked a tracer at ``svi.init``.
 """
 
 import warnings
@@ -18,11 +21,10 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import optax
+import pytest
 from numpyro.contrib.control_flow import cond, scan
 from numpyro.infer import SVI, Predictive, Trace_ELBO
 from scipy.stats import halfnorm, norm
-
-import pytest
 
 from numpyro_uha import UHAGuide
 from numpyro_uha.guide import _cond_replays

@@ -142,20 +142,27 @@ def masked_out_log_count(model_trace, names):
     return total
 
 
-def marginal_log_density(model, max_plate_nesting, args, kwargs, values, names=()):
+def marginal_log_density(model, max_plate_nesting, args, kwargs, values):
     """log Σ_c p(x, z, c) at constrained continuous ``values`` z (Jacobians not
-    included: the caller's, as :func:`numpyro.infer.util.log_density`), less the
-    masked-out entries of the discrete sites ``names`` (:func:`masked_out_log_count`)."""
+    included: the caller's, as :func:`numpyro.infer.util.log_density`)."""
     from numpyro.contrib.funsor import log_density as enum_log_density
 
-    value = enum_log_density(enumerated(model, max_plate_nesting), args, kwargs, values)[0]
-    if names:
-        with handlers.block():
-            plain = handlers.trace(
-                handlers.substitute(handlers.seed(model, 0), data=values)
-            ).get_trace(*args, **kwargs)
-        value = value - masked_out_log_count(plain, names)
-    return value
+    return enum_log_density(enumerated(model, max_plate_nesting), args, kwargs, values)[0]
+
+
+def log_conditional(model, max_plate_nesting, names, args, kwargs, values, drawn):
+    """log p(c | z, x) = log p(x, z, c) - log Σ_c p(x, z, c) of the discrete sites
+    ``names`` at their ``drawn`` values, at constrained continuous ``values`` z; the
+    marginal less the masked-out entries (:func:`masked_out_log_count`, read from the
+    joint's trace), as in the chain's target."""
+    with handlers.block():
+        joint, joint_trace = log_density(
+            handlers.seed(model, 0), args, kwargs, {**values, **drawn}
+        )
+        marginal = marginal_log_density(
+            handlers.seed(model, 0), max_plate_nesting, args, kwargs, values
+        ) - masked_out_log_count(joint_trace, names)
+    return jnp.asarray(joint - marginal)
 
 
 def draw_discrete(rng_key, model, max_plate_nesting, names, args, kwargs, values):
@@ -170,12 +177,8 @@ def draw_discrete(rng_key, model, max_plate_nesting, names, args, kwargs, values
     )
     with handlers.block():
         trace = handlers.trace(handlers.seed(sampler, 0)).get_trace(*args, **kwargs)
-        drawn = {name: trace[name]["value"] for name in names}
-        joint = log_density(handlers.seed(model, 0), args, kwargs, {**values, **drawn})[0]
-        marginal = marginal_log_density(
-            handlers.seed(model, 0), max_plate_nesting, args, kwargs, values, names
-        )
-    return drawn, jnp.asarray(joint - marginal)
+    drawn = {name: trace[name]["value"] for name in names}
+    return drawn, log_conditional(model, max_plate_nesting, names, args, kwargs, values, drawn)
 
 
 def draw_discrete_from_prior(rng_key, model, max_plate_nesting, names, args, kwargs, values):
@@ -191,12 +194,8 @@ def draw_discrete_from_prior(rng_key, model, max_plate_nesting, names, args, kwa
         trace = handlers.trace(
             handlers.seed(handlers.substitute(model, data=values), rng_key)
         ).get_trace(*args, **kwargs)
-        drawn = {name: trace[name]["value"] for name in names}
-        joint = log_density(handlers.seed(model, 0), args, kwargs, {**values, **drawn})[0]
-        marginal = marginal_log_density(
-            handlers.seed(model, 0), max_plate_nesting, args, kwargs, values, names
-        )
-    return drawn, jnp.asarray(joint - marginal)
+    drawn = {name: trace[name]["value"] for name in names}
+    return drawn, log_conditional(model, max_plate_nesting, names, args, kwargs, values, drawn)
 
 
 @contextlib.contextmanager

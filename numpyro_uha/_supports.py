@@ -17,11 +17,13 @@ from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
 
-def trace_at_unconstrained(model, unconstrained, args, kwargs, data=None, seed=None):
+def trace_at_unconstrained(model, unconstrained, args, kwargs, data=None, seed=0):
     """``model``'s trace with each sample site named in ``unconstrained`` at
     ``biject_to(its support)(value)``, the support as the model draws it there; the
     sites named in ``data`` at those (constrained) values. ``seed``: an rng seed for
-    sites drawn otherwise (none when every site is given)."""
+    sites drawn otherwise. Always seeded: a model that draws keys (NumPyro's ``scan``
+    does) would otherwise split the caller's key, inside a JAX transform a leaked
+    tracer."""
     data = data or {}
 
     def constrained(site):
@@ -30,9 +32,7 @@ def trace_at_unconstrained(model, unconstrained, args, kwargs, data=None, seed=N
             return biject_to(site["fn"].support)(unconstrained[name])
         return data.get(name)
 
-    model = handlers.substitute(model, substitute_fn=constrained)
-    if seed is not None:
-        model = handlers.seed(model, rng_seed=seed)
+    model = handlers.seed(handlers.substitute(model, substitute_fn=constrained), rng_seed=seed)
     with handlers.block():
         return handlers.trace(model).get_trace(*args, **kwargs)
 

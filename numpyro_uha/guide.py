@@ -1031,7 +1031,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         the guide's site name), mapped by the site's support as the model draws it (a
         support that depends on another latent included: ``_supports.py``)."""
         return _supports.trace_at_unconstrained(
-            self._conditioned_model(model_params), unconstrained, args, kwargs, seed=0
+            self._conditioned_model(model_params), unconstrained, args, kwargs
         )
 
     def _sites_ruling_out(self, latent, args, kwargs, model_params):

@@ -801,12 +801,12 @@ class UHALocalGuide(AutoGuide):
             log_det = log_det + self._per_row(ladj, rows.shape[0])
         return values, log_det
 
-    def _trace_at_rows(self, rows, data, args, kwargs, seed=None):
+    def _trace_at_rows(self, rows, data, args, kwargs):
         """The model's trace with the local sites at the rows (each mapped through its
         support as the model draws it) and the sites in ``data`` (globals, model
         params, the plate's indices) at those values."""
         return _supports.trace_at_unconstrained(
-            self.model, self._unpack(rows), args, kwargs, data=data, seed=seed
+            self.model, self._unpack(rows), args, kwargs, data=data
         )
 
     def _bounded_by_values(self) -> tuple:
@@ -906,9 +906,7 @@ class UHALocalGuide(AutoGuide):
 
         def logdensity(rows):
             data = {**global_values, **model_params, plate_name: idx}
-            # seeded here: a model that draws keys (numpyro's scan does) would otherwise
-            # split the caller's key inside the chain's JAX loop and leak a tracer
-            trace = self._trace_at_rows(rows, data, args, kwargs, seed=0)
+            trace = self._trace_at_rows(rows, data, args, kwargs)
             left_out = self._left_out(trace, completed) if completed else None
             log_det = self._constrain(rows, left_out, trace)[1]
             if completed and probed is None:
@@ -1336,7 +1334,7 @@ class UHALocalGuide(AutoGuide):
         if completed or self.decentered_sites or self._bounded_by_values():
             # one trace of the model at the chains' ends
             data = {**global_values, **model_params, self._plate_name: idx}
-            trace = self._trace_at_rows(rows, data, args, kwargs, seed=0)
+            trace = self._trace_at_rows(rows, data, args, kwargs)
         local_values, log_det = self._constrain(rows, trace=trace)
         if completed:
             # the model's trace leaves the completed entries out: the factor carries

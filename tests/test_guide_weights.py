@@ -16,7 +16,7 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 import pytest
-from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer import SVI, Trace_ELBO, TraceEnum_ELBO
 from numpyro.primitives import Messenger
 
 from numpyro_uha import UHAGuide
@@ -96,6 +96,13 @@ def elbo_terms_and_core_weights(guide, params, model, *args, num_keys=6, keys_dr
         log_w.append(float(core_log_w))
         infos.append(info)
     return elbo, log_w, infos
+
+
+def trace_enum_terms(guide, params, model, *args, num_keys=6):
+    """TraceEnum_ELBO's term on ``model`` with the guide for the same keys as
+    :func:`elbo_terms_and_core_weights` (it seeds the guide as Trace_ELBO does)."""
+    term = jax.jit(lambda key: -TraceEnum_ELBO().loss(key, params, model, guide, *args))
+    return [float(term(jax.random.PRNGKey(seed))) for seed in range(num_keys)]
 
 
 def setup_guide(integrator, K=5, decenter="auto"):

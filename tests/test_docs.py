@@ -324,6 +324,9 @@ SLOW_PAGES = {
     "docs/how-to/extrapolate-k.md",
     # 25-40 s; its code paths are in the default suite (tests/test_enumerate.py)
     "docs/how-to/discrete.md",
+    # 34 s on a slower 2-core machine (2026-11-30); its sharding and device paths are in
+    # the default suite (tests/test_sharding.py)
+    "docs/how-to/devices.md",
 }
 
 

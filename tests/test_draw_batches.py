@@ -100,6 +100,7 @@ _GP_DRAWS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_gp_draws_with_a_remainder_do_not_hang():
     """2000 draws at sample_batch_size=1024 of a Cholesky model; hung before the fix
     (where XLA:CPU has at least two threads; with one it cannot happen)."""

@@ -354,8 +354,19 @@ LOSSES = [
 ]
 
 
-@pytest.mark.parametrize("progress_bar", [False, True], ids=["scan", "progress-bar"])
-@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize(
+    "loss, progress_bar",
+    # each loss and each driver (one scan, or a Python loop with a progress bar) by
+    # default; the other two pairings with `pytest -m slow`
+    [
+        pytest.param(LOSSES[0].values[0], False, id="one-particle-scan"),
+        pytest.param(LOSSES[1].values[0], True, id="vectorized-4-progress-bar"),
+        pytest.param(
+            LOSSES[0].values[0], True, id="one-particle-progress-bar", marks=pytest.mark.slow
+        ),
+        pytest.param(LOSSES[1].values[0], False, id="vectorized-4-scan", marks=pytest.mark.slow),
+    ],
+)
 def test_diverging_training_warns_then_draws_raise(loss, progress_bar):
     # Nothing is raised inside the compiled step (undefined behaviour in JAX, swallowed
     # on GPU): svi.run warns at its end (svi.get_params, values concrete), keeps finite
@@ -376,7 +387,10 @@ def test_diverging_training_warns_then_draws_raise(loss, progress_bar):
     assert_all_finite(info.value.params)
 
 
-@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize(
+    "loss",
+    [LOSSES[0], pytest.param(LOSSES[1].values[0], id="vectorized-4", marks=pytest.mark.slow)],
+)
 def test_diverging_user_loop_keeps_the_last_finite_fit(loss):
     # nan_outside_model is NaN in value *and* gradient: without the gate NaN would reach
     # the parameters at the first diverging step.

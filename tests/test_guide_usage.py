@@ -102,7 +102,10 @@ def fitted():
 
 @pytest.mark.parametrize(
     "base_dist",
-    [pytest.param("diagonal", id="diagonal"), pytest.param("cholesky", id="cholesky")],
+    [
+        pytest.param("diagonal", id="diagonal", marks=pytest.mark.slow),
+        pytest.param("cholesky", id="cholesky"),
+    ],
 )
 def test_constrained_sites_stay_in_support(base_dist):
     y = jnp.array([[0.3, -0.2, 0.5], [0.1, 0.4, -0.3], [0.6, 0.0, 0.2]])

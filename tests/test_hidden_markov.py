@@ -134,6 +134,7 @@ def test_the_target_is_the_forward_algorithms_marginal(set_up):
         np.testing.assert_allclose(float(logdensity_fn(z)), by_hand, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_trace_elbos_term_is_the_marginals_log_weight_draw_by_draw(fitted):
     """The states drawn from their prior enter the model's and the guide's terms alike,
     so Trace_ELBO's term is the core's log weight on the marginal, key by key."""
@@ -198,6 +199,7 @@ def test_the_pointwise_log_likelihood_is_refused_with_a_reason(fitted):
         to_inference_data(guide, jax.random.PRNGKey(5), params, Y, num_samples=8)
 
 
+@pytest.mark.slow
 def test_a_long_markov_loop_every_elbos_term_is_the_log_weight(monkeypatch):
     """A ``markov`` loop whose states infer_discrete would draw through a table larger
     than the guide allows (2^5 entries against a limit lowered to 2^3 here; 2^30 for 30
@@ -259,6 +261,7 @@ def padded_sequences(y, lengths):
     scan(step, (jnp.zeros(y.shape[1], jnp.int32), 0), y)
 
 
+@pytest.mark.slow
 def test_padded_sequences_target_each_chains_own_forward_algorithm():
     """The padding steps (states and observations masked out) count nothing: the target
     is the sum over sequences of each one's forward algorithm over its own length (summed

@@ -118,7 +118,7 @@ def test_a_preconditioned_chain_is_the_chain_in_q_standardized_coordinates():
         np.testing.assert_allclose(log_w[i], w_i, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("precondition", [False, True])
+@pytest.mark.parametrize("precondition", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_weights_are_unbiased_with_subsampling(precondition):
     """E[w_i] = p(x_i | mu) for each data point of a minibatch (B = 6 of 24)."""
     mu, batch = -0.3, 6
@@ -186,6 +186,7 @@ def gamma_poisson_log_marginal(x, a=2.0, b=0.5):
     )
 
 
+@pytest.mark.slow
 def test_weights_are_unbiased_on_a_constrained_local():
     batch = 6
     guide = UHALocalGuide(gamma_poisson, K=4)
@@ -694,6 +695,7 @@ def _narrow_setup(s0, per_data_point=False, lr=1e-3):
     return guide, svi, state, args
 
 
+@pytest.mark.slow
 def test_preconditioned_steps_follow_each_data_points_q():
     """The divergence tests' set-up (data point 0's posterior sd 0.002, the others' 0.5,
     ε = 0.02) with precondition=True: each chain steps in units of its own
@@ -963,6 +965,7 @@ def _minibatch_indexed(y, batch):
         numpyro.sample("y", dist.Normal(z, 1), obs=y[idx])
 
 
+@pytest.mark.slow
 def test_per_data_point_q_on_data_that_ignore_the_plates_indices_warns():
     """q_i is picked by the plate's indices: a model passed its minibatch (the indices
     unused) would train q_i on other data points' data. An encoder, or data indexed by
@@ -996,7 +999,9 @@ def censored(x, bound, num_data, batch):
         numpyro.sample("x", dist.Normal(z, SIGMA), obs=x[idx])
 
 
-@pytest.mark.parametrize("setup", ["minibatch", "other bounds"])
+@pytest.mark.parametrize(
+    "setup", [pytest.param("minibatch", marks=pytest.mark.slow), "other bounds"]
+)
 def test_a_local_support_bounded_by_its_data_point_is_read_at_each_call(setup):
     """Set up on a minibatch of 6 (or on all 24 with other bounds), run on all 24: data
     point i's chain is core.annealed_sample on its own target in u = log(z_i − c_i)

@@ -95,10 +95,14 @@ def _positive_local(y):
     "model, arrays, static, options",
     [
         (conjugate_model, (X,), (N, B), {}),  # a global and a minibatch
-        (conjugate_model, (X,), (N, B), {"per_data_point": True, "precondition": True}),
+        pytest.param(
+            conjugate_model, (X,), (N, B), {"per_data_point": True, "precondition": True},
+            marks=pytest.mark.slow,
+        ),
         (conjugate_model, (X,), (N, B), {"encoder": _encoder_fn}),
         (_positive_local, (jnp.arange(6.0),), (), {}),  # no global, a constrained local
-        (conjugate_model, (X,), (N, B), {"decenter": True}),  # sites found on traced data
+        # sites found on traced data (also tests/test_decenter.py, under jit)
+        pytest.param(conjugate_model, (X,), (N, B), {"decenter": True}, marks=pytest.mark.slow),
     ],
     ids=["minibatch", "per-data-point", "encoder", "no-global", "decentered"],
 )

@@ -181,14 +181,18 @@ def test_every_loc_scale_family_keeps_each_points_elbo_its_log_weight(family):
     "family",
     [
         lambda m, s: dist.Normal(m, s).expand([2]).to_event(1),
-        lambda m, s: dist.MultivariateNormal(
-            jnp.stack([m, -m]), scale_tril=s * jnp.array([[1.0, 0.0], [0.6, 0.8]])
+        pytest.param(
+            lambda m, s: dist.MultivariateNormal(
+                jnp.stack([m, -m]), scale_tril=s * jnp.array([[1.0, 0.0], [0.6, 0.8]])
+            ),
+            # 18 s; a global MVN's log |det| is checked by default (test_decenter.py)
+            marks=pytest.mark.slow,
         ),
         pytest.param(
             lambda m, s: dist.MultivariateStudentT(
                 4.0, jnp.stack([m, -m]), s * jnp.array([[1.5, 0.0], [-0.6, 0.5]])
             ),
-            marks=pytest.mark.slow,  # 14 s; the MVN case covers the same path by default
+            marks=pytest.mark.slow,  # 14 s
         ),
     ],
     ids=["Normal.to_event", "MultivariateNormal", "MultivariateStudentT"],
@@ -223,6 +227,7 @@ def test_weights_are_unbiased_for_the_likelihood_given_the_globals(fitted):
     assert np.all(np.abs(mean - 1.0) < 4.0 * se), (mean, se)
 
 
+@pytest.mark.slow
 def test_an_encoder_amortizes_the_non_centered_coordinates():
     """With an encoder, q_i's (loc, scale) are in the non-centered coordinates; the guide
     trains and draws the model's sites."""
@@ -276,6 +281,7 @@ def scaled_hierarchy(ybar, batch):
         numpyro.sample("ybar", dist.Normal(z, SIGMA), obs=ybar[idx])
 
 
+@pytest.mark.slow
 def test_a_scaled_non_centered_local_keeps_the_loss_the_global_terms_and_the_weights():
     """z = mu + tau · z̃ under scale 0.5: the model scores 0.5 · log p(z), the guide's
     density of z carries the whole Jacobian log tau, so each chain's target adds

@@ -41,7 +41,9 @@ def lognormal_imputation(x, mask):
         numpyro.sample("x", dist.LogNormal(z, 0.5), obs=x, obs_mask=mask)
 
 
-@pytest.mark.parametrize("model", [normal_imputation, lognormal_imputation])
+@pytest.mark.parametrize(
+    "model", [normal_imputation, pytest.param(lognormal_imputation, marks=pytest.mark.slow)]
+)
 def test_obs_mask_entries_are_completed_and_log_z_is_the_models(model):
     """log p(x_i) where observed (N(x_i; 0, √2); for the LogNormal, log x_i ~ N(0, √1.25)
     over x_i), 1 where missing: the importance-weighted estimate is within 4 standard

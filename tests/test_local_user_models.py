@@ -31,6 +31,7 @@ def dirichlet_multinomial(x, batch):
         numpyro.sample("x", dist.Multinomial(12, theta), obs=x[idx])
 
 
+@pytest.mark.slow
 def test_a_simplex_local_sets_up_and_its_weights_are_unbiased():
     """A Dirichlet per data point (q_i starts at the prior's median in unconstrained
     coordinates, a point of the simplex; a coordinate-wise median is not one, and the

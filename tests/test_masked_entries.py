@@ -49,6 +49,7 @@ def exact_log_z(observed=OBSERVED):
     return stats.multivariate_normal(np.zeros(keep.sum()), cov[np.ix_(keep, keep)]).logpdf(value)
 
 
+@pytest.mark.slow
 def test_obs_mask_entries_are_completed_and_log_z_is_the_models():
     guide = UHAGuide(impute, K=8)
     svi = SVI(impute, guide, optax.adam(1e-3), Trace_ELBO())

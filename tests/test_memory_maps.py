@@ -75,7 +75,9 @@ def _model(y):
         numpyro.sample("y", dist.Normal(z, 1.0), obs=y)
 
 
-@pytest.mark.parametrize("guide_class", [UHAGuide, UHALocalGuide])
+@pytest.mark.parametrize(
+    "guide_class", [pytest.param(UHAGuide, marks=pytest.mark.slow), UHALocalGuide]
+)
 def test_a_guide_setup_runs_the_guard_and_still_sets_up(counts, guide_class):
     y = jnp.linspace(-1.0, 1.0, 6)
     f = _compiled_program()

@@ -28,6 +28,7 @@ def _model():
     numpyro.sample("x", dist.Normal(0.0, 1.0))
 
 
+@pytest.mark.slow
 def test_steps_run_on_the_other_device_with_the_same_results(tmp_path):
     out = tmp_path / "out.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -61,6 +61,7 @@ def test_reference_exists_and_is_good(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_log_density_finite_at_reference_median(name):
     """At NUTS's posterior median, taken coordinate-wise in unconstrained space (the
     constrained median for scalar sites; a point of the support for simplex and LKJ
@@ -111,6 +112,7 @@ def test_holdout_reference_loads_and_is_good(name):
 
 
 @pytest.mark.parametrize("name", HOLDOUT_NAMES)
+@pytest.mark.slow
 def test_holdout_log_density_finite_at_reference_mean(name):
     """At NUTS's posterior mean (constrained space: every hold-out support is convex, so
     the mean lies in it) the model's log density and potential energy are finite."""

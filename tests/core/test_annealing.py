@@ -66,7 +66,9 @@ CASES = [
     pytest.param(dict(full_rank=True), dict(), id="uha-fullrank-L1"),
     pytest.param(dict(full_rank=False), dict(num_leapfrog_steps=3), id="uha-diag-L3"),
     pytest.param(dict(full_rank=False), dict(corrected=True), id="hais-diag"),
-    pytest.param(dict(full_rank=True), dict(corrected=True), id="hais-fullrank"),
+    pytest.param(
+        dict(full_rank=True), dict(corrected=True), id="hais-fullrank", marks=pytest.mark.slow
+    ),
     pytest.param(dict(drift=True), dict(), id="uha-diag-drift"),
     pytest.param(dict(drift=True), dict(integrator="position_verlet"), id="uha-position-drift"),
     pytest.param(
@@ -84,7 +86,9 @@ CASES = [
         dict(full_rank=True, force_limit=0.5), dict(integrator="position_verlet"),
         id="uha-position-force-limit",
     ),
-    pytest.param(dict(force_limit=0.5), dict(corrected=True), id="hais-force-limit"),
+    pytest.param(
+        dict(force_limit=0.5), dict(corrected=True), id="hais-force-limit", marks=pytest.mark.slow
+    ),
 ]
 
 
@@ -190,7 +194,9 @@ def test_scan_matches_python_loop_transcription(full_rank, drift, num_leapfrog_s
     np.testing.assert_allclose(info.momentum_log_ratio, [p[1] for p in per_step], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("integrator", ["velocity_verlet", "position_verlet"])
+@pytest.mark.parametrize(
+    "integrator", [pytest.param("velocity_verlet", marks=pytest.mark.slow), "position_verlet"]
+)
 def test_remat_changes_neither_value_nor_gradient(integrator):
     params = random_params(3, drift=True)
     key = jax.random.PRNGKey(0)

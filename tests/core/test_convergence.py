@@ -71,7 +71,9 @@ def check_gap_closes(num_draws, integrator):
         assert gap > -4 * se
 
 
-@pytest.mark.parametrize("integrator", ["position_verlet", "velocity_verlet"])
+@pytest.mark.parametrize(
+    "integrator", [pytest.param("position_verlet", marks=pytest.mark.slow), "velocity_verlet"]
+)
 def test_gap_shrinks_with_k_for_a_per_coordinate_scale(integrator):
     check_gap_closes(10_000, integrator)
 

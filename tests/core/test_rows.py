@@ -92,8 +92,8 @@ _SHARED_SLOW = pytest.mark.slow
 CASES = [
     (True, "velocity_verlet", False),
     (True, "velocity_verlet", True),
-    (True, "position_verlet", False),
-    (True, "position_verlet", True),
+    pytest.param(True, "position_verlet", False, marks=pytest.mark.slow),
+    pytest.param(True, "position_verlet", True, marks=pytest.mark.slow),
     (False, "position_verlet", False),
     pytest.param(False, "velocity_verlet", False, marks=_SHARED_SLOW),
     pytest.param(False, "velocity_verlet", True, marks=_SHARED_SLOW),

@@ -78,9 +78,33 @@ class Decenter(Reparam):
         standard = self._wrap(_standard(base), expand_shape, event_dim)
         log_scale = jnp.broadcast_to(_log_scale(base), shape)
         noise = numpyro.sample(
-            name + SUFFIX, standard, infer={LOG_SCALE: log_scale, WRITTEN: (base, fn)},
+            self._unscoped(name) + SUFFIX, standard,
+            infer={LOG_SCALE: log_scale, WRITTEN: (base, fn)},
         )
         return None, from_standard(base, noise)
+
+    def _unscoped(self, name):
+        """``name`` without the prefixes of the ``numpyro.handlers.scope`` handlers
+        inside the ``reparam`` handler that called this: they named the site before the
+        reparam saw it, and the standardized site, sampled here, goes through them again
+        (``x`` under ``scope(prefix="m")`` becomes ``m/x_decentered``, not
+        ``m/m/x_decentered``)."""
+        stack = numpyro.primitives._PYRO_STACK
+        for position in range(len(stack) - 1, -1, -1):
+            handler = stack[position]
+            config = getattr(handler, "config", None)
+            if isinstance(handler, handlers.reparam) and (
+                config is self or (isinstance(config, dict) and self in config.values())
+            ):
+                break
+        else:
+            return name
+        for handler in stack[position + 1:]:  # outermost first: its prefix comes first
+            if isinstance(handler, handlers.scope) and "sample" not in handler.hide_types:
+                prefix = f"{handler.prefix}{handler.divider}"
+                if name.startswith(prefix):
+                    name = name[len(prefix):]
+        return name
 
 
 def _loc(base):

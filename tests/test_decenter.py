@@ -203,7 +203,7 @@ def test_a_guide_pickled_before_decenter_existed_stays_centered():
     assert old.decentered_sites == () and "theta" in old.prototype_trace
 
 
-@pytest.mark.parametrize("decenter", ["auto", False])
+@pytest.mark.parametrize("decenter", ["auto", pytest.param(False, marks=pytest.mark.slow)])
 def test_a_funnel_is_fitted_non_centered(decenter):
     """Neal's funnel with no data: v ~ N(0, 3²), x | v ~ N(0, e^v I₄). Non-centered, the
     posterior is a standard Gaussian in (v, x~), so the fitted guide's draws of v must
@@ -255,7 +255,7 @@ def _init_trace(guide, args):
     return guide._trace_at_init(guide.model, args, {})
 
 
-@pytest.mark.parametrize("init", ["uniform", "value"])
+@pytest.mark.parametrize("init", [pytest.param("uniform", marks=pytest.mark.slow), "value"])
 def test_the_non_centered_start_is_the_point_init_loc_fn_gives_the_model(poisson_data, init):
     """init_loc_fn gives x₀ for the site x as written, and the non-centered guide starts
     at x̃ = (x₀ − loc) / scale: the same x as the centered guide (init_to_uniform, with
@@ -295,6 +295,7 @@ def test_a_non_centered_poisson_model_warm_starts_near_the_centered_one(poisson_
     assert np.isfinite(elbos["auto"]) and elbos["auto"] > elbos[False] - 0.5 * 150
 
 
+@pytest.mark.slow
 def test_a_non_centered_guide_is_a_part_of_an_auto_guide_list(poisson_data):
     """NumPyro's AutoGuideList refuses a part whose prototype trace shows a deterministic
     site; the non-centered model's x = loc + scale · x̃ is one the user never wrote, so
@@ -503,3 +504,46 @@ def test_a_non_centered_random_walk_keeps_trace_elbo_the_core_weight():
     np.testing.assert_allclose(
         guide.latent_from_samples(with_w.samples, RETURNS), with_w.latent, rtol=1e-3, atol=1e-4
     )
+
+
+def _school(y):
+    """A centered hierarchy: theta's loc and scale are latent, so "auto" decenters it."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    with numpyro.plate("J", y.shape[0]):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+        numpyro.sample("y", dist.Normal(theta, 0.8), obs=y)
+
+
+def _two_scoped_schools(y):
+    """The same sub-model twice, under two scopes (one with its own divider, one nested)."""
+    numpyro.handlers.scope(_school, prefix="a")(y)
+    with numpyro.handlers.scope(prefix="outer"):
+        numpyro.handlers.scope(_school, prefix="b", divider=".")(y + 1.0)
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        (numpyro.handlers.scope(_school, prefix="m"), ("m/theta",)),
+        (_two_scoped_schools, ("a/theta", "outer/b.theta")),
+    ],
+    ids=["scope", "two-scopes"],
+)
+def test_sites_under_scope_are_non_centered_under_their_scoped_names(model, expected):
+    """A hierarchy under numpyro.handlers.scope: the non-centered site is x's scoped name
+    plus the suffix (the reparam's own sample went through the scope again, named
+    m/m/theta_decentered, and svi.init raised that m/theta was unobserved); Trace_ELBO's
+    term is the core's weight and the draws hold the model's scoped sites."""
+    from tests.test_guide_weights import elbo_terms_and_core_weights, perturbed_params
+
+    guide = UHAGuide(model, K=3, warm_start_steps=0)
+    svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+    params = perturbed_params(guide, svi.get_params(svi.init(jax.random.PRNGKey(0), Y)), 1)
+    assert guide.decentered_sites == expected
+    assert {name + "_decentered" for name in expected} <= set(guide.prototype_trace)
+    elbo, log_w, _ = elbo_terms_and_core_weights(guide, params, model, Y)
+    np.testing.assert_allclose(elbo, log_w, rtol=1e-5, atol=2e-3)
+    draws = guide.sample_posterior(jax.random.PRNGKey(1), params, Y, sample_shape=(4,))
+    assert all(draws[name].shape == (4, Y.shape[0]) for name in expected)
+    assert not any(name.endswith("_decentered") for name in draws)

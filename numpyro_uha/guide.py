@@ -2055,9 +2055,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     )[0]
                     at_draw = handlers.substitute(model, data=drawn)
                 with handlers.block():
+                    # seeded per draw: a deterministic site built from numpyro.prng_key()
+                    # (noise added to a latent) varies from draw to draw and with the key
                     samples = constrain_fn(
-                        handlers.seed(at_draw, 0), args, kwargs, self._unpack_latent(z),
-                        return_deterministic=True,
+                        handlers.seed(at_draw, jax.random.fold_in(key, 2)), args, kwargs,
+                        self._unpack_latent(z), return_deterministic=True,
                     )
                 # the model's own sites only (x, not the guide's coordinates x̃)
                 samples = {

@@ -345,3 +345,34 @@ def test_every_elbo_numpyro_offers_gets_trace_elbos_gradient():
         for name in grad:
             np.testing.assert_allclose(other_grad[name], grad[name], rtol=1e-5, atol=1e-6,
                                        err_msg=f"{type(elbo).__name__}: {name}")
+
+
+def _noisy_readout(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+    numpyro.deterministic("readout", mu + 0.1 * jax.random.normal(numpyro.prng_key()))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+# an untrained q: its weights' k̂ warning is not what this test is about
+@pytest.mark.filterwarnings("ignore::numpyro_uha.UHAFitWarning")
+def test_a_deterministic_site_drawn_with_prng_key_varies_from_draw_to_draw():
+    """readout = mu + 0.1 ε with ε from numpyro.prng_key(): sample_posterior ran the model
+    at every draw with the same seed, so ε was one number for all draws and all keys (sd of
+    readout − mu 6e-8; NumPyro's AutoNormal does the same). Now ε is drawn per draw: its sd
+    is 0.1 within 4 standard errors of a sample sd (0.1 / sqrt(2n)), it changes with the
+    key, and the same key gives the same draws."""
+    y = jnp.asarray(np.random.default_rng(0).normal(1.0, 1.0, size=10), jnp.float32)
+    guide = UHAGuide(_noisy_readout, K=2, warm_start_steps=0)
+    svi = SVI(_noisy_readout, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    n = 2000
+    first, again, other = (
+        guide.sample_posterior(jax.random.PRNGKey(seed), params, y, sample_shape=(n,))
+        for seed in (1, 1, 2)
+    )
+    noise = np.asarray(first["readout"] - first["mu"])
+    assert abs(noise.std() - 0.1) < 4 * 0.1 / np.sqrt(2 * n), noise.std()
+    assert abs(noise.mean()) < 4 * 0.1 / np.sqrt(n), noise.mean()
+    np.testing.assert_array_equal(again["readout"], first["readout"])
+    assert not np.allclose(other["readout"] - other["mu"], noise)

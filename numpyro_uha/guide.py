@@ -1362,7 +1362,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                         f"UHAGuide: plate '{name}' subsamples {subsample_size} of {size} "
                         "elements. UHA's Hamiltonian dynamics need the full-data log density "
                         "(a subsampled one gives neither a valid bound nor valid dynamics); "
-                        "remove `subsample_size` from this plate."
+                        "remove `subsample_size` from this plate. Where the plate holds a "
+                        "latent site per data point, numpyro_uha.UHALocalGuide trains on "
+                        "minibatches (one chain per data point: docs/how-to/local-latents.md)."
                     )
             if site["type"] == "sample" and not site["is_observed"]:
                 if site["fn"].support.is_discrete:

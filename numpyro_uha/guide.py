@@ -36,7 +36,7 @@ from numpyro.infer.autoguide import (
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
-from numpyro_uha import _decenter, _enumerate, _supports
+from numpyro_uha import _decenter, _enumerate, _hidden, _supports
 from numpyro_uha._compiled_init import compiled_initialization
 from numpyro_uha._divergence import (
     DIVERGENCE_ENERGY,  # noqa: F401 - guide.DIVERGENCE_ENERGY, as before
@@ -1381,6 +1381,17 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 "z) - log q(z)). Write the branch choice into the distribution's parameters "
                 "instead, e.g. numpyro.sample('b', dist.Normal(jnp.where(a > 0, 1.0, -1.0), "
                 "1.0)), which every guide and NUTS handle."
+            )
+        parents = _hidden.hidden_parents(self._user_model, args, kwargs)
+        if parents:
+            raise ValueError(
+                f"UHAGuide: the model it was given hides latent site(s) {parents[:6]} "
+                "(numpyro.handlers.block) on which the density of its own sites depends. "
+                "Its chains run that model, where the hidden sites take one draw from their "
+                "prior, not the values another part of an AutoGuideList draws for them: "
+                "they would anneal to the wrong posterior. Give this UHAGuide those sites "
+                "too (hide fewer), or use it on the whole model. Parts independent of each "
+                "other are fine."
             )
         # discrete latent sites: marginalized by enumeration in the chain's target, drawn
         # from their exact conditional by the guide (_enumerate.py)

@@ -376,3 +376,31 @@ def test_a_deterministic_site_drawn_with_prng_key_varies_from_draw_to_draw():
     assert abs(noise.mean()) < 4 * 0.1 / np.sqrt(n), noise.mean()
     np.testing.assert_array_equal(again["readout"], first["readout"])
     assert not np.allclose(other["readout"] - other["mu"], noise)
+
+
+def _shrunk_means(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("J", y.shape[0]):
+        theta = numpyro.sample("theta", dist.Normal(mu, 1.0))
+        numpyro.sample("y", dist.Normal(theta, 0.3), obs=y)
+
+
+@pytest.mark.parametrize(
+    "other_part", [AutoNormal, numpyro.infer.autoguide.AutoDelta], ids=["normal", "delta"]
+)
+def test_a_part_whose_sites_depend_on_a_hidden_site_is_refused(other_part):
+    """UHA on block(model, hide=["mu"]) beside another part for mu, where theta ~ N(mu, 1):
+    the chains ran the blocked model, where mu is one prior draw (−24.4), not the other
+    part's value; the fit centred theta at 24 for an exact 1.0, and said only that the
+    learning rate was too high. Refused at setup, naming mu; the independent split of
+    test_uha_inside_autoguidelist_and_under_block_gives_a_valid_bound still sets up."""
+    y = jnp.array([1.0, 1.5, 0.5])
+    guide = AutoGuideList(_shrunk_means)
+    guide.append(UHAGuide(handlers.block(_shrunk_means, hide=["mu"]), K=2, warm_start_steps=0))
+    guide.append(other_part(handlers.block(_shrunk_means, expose=["mu"])))
+    svi = SVI(_shrunk_means, guide, optax.adam(1e-3), Trace_ELBO())
+    with pytest.raises(ValueError, match=r"hides latent site\(s\) \['mu'\] .* depends"):
+        svi.init(jax.random.PRNGKey(0), y)
+    # the part given mu as well sets up
+    whole = UHAGuide(handlers.block(_shrunk_means, hide=[]), K=2, warm_start_steps=0)
+    SVI(_shrunk_means, whole, optax.adam(1e-3), Trace_ELBO()).init(jax.random.PRNGKey(0), y)

@@ -14,7 +14,9 @@ are exact (the hidden sites' terms are constants that cancel in the weights).
 :func:`hidden_parents` finds such sites by a double difference of the inner model's log
 density: with visible values v₁, v₂ and hidden values h₁, h₂ (four seeded prior draws),
 ``f(v₁, h₁) − f(v₂, h₁) − f(v₁, h₂) + f(v₂, h₂)`` is zero when the visible part's density
-does not depend on the hidden sites (the terms of the hidden sites alone cancel).
+does not depend on the hidden sites (the terms of the hidden sites alone cancel). A
+visible site whose support a hidden one sets (``x ~ Uniform(0, top)``: its density's
+``−log top`` cancels there too) is found by comparing its support's bounds under h₁ and h₂.
 """
 
 from __future__ import annotations
@@ -79,18 +81,51 @@ def hidden_parents(model, args, kwargs) -> list[str]:
     h1, h2 = values(traces[2], hidden_names), values(traces[3], hidden_names)
     try:
         with jax.ensure_compile_time_eval(), handlers.block(), numpyro.validation_enabled(False):
-            f = [
-                log_density(handlers.seed(inner, 0), args, kwargs, {**v, **h})[0]
+            evaluated = [
+                log_density(handlers.seed(inner, 0), args, kwargs, {**v, **h})
                 for v, h in ((v1, h1), (v2, h1), (v1, h2), (v2, h2))
             ]
     except Exception:  # noqa: BLE001 - cannot be evaluated at these points: cannot tell
         return []
+    f = [value for value, _ in evaluated]
     if any(isinstance(value, jax.core.Tracer) for value in f):
         return []
+    # a visible site's support set by a hidden site (x ~ Uniform(0, top)): its density
+    # may not change with it where x is inside both, but the chains' coordinates do
+    first_h, second_h = evaluated[0][1], evaluated[2][1]
+    if any(
+        _differ(first_h[name]["fn"].support, second_h[name]["fn"].support)
+        for name in visible if name in first_h and name in second_h
+    ):
+        return hidden_names
     f = np.asarray(jnp.stack(f), dtype=np.float64)
-    if not np.all(np.isfinite(f)):
-        return hidden_names  # a visible site left its support as the hidden ones moved
+    finite = np.isfinite(f)
+    if not finite.all():
+        # the same visible values in and out of support as the hidden ones move: they
+        # bound it; otherwise the model is not finite at these draws and cannot tell
+        moved = finite[0] != finite[2] or finite[1] != finite[3]
+        return hidden_names if moved else []
     double_difference = f[0] - f[1] - f[2] + f[3]
     if abs(double_difference) <= 1e-4 * (1.0 + np.max(np.abs(f))):
         return []
     return hidden_names
+
+
+def _differ(first, second, depth=0) -> bool:
+    """Whether two constraints (a support's bounds, possibly wrapped in ``independent``)
+    differ in type or in any array or number they hold."""
+    if type(first) is not type(second):
+        return True
+    if depth > 4:
+        return False
+    for key, a in vars(first).items():
+        b = vars(second).get(key)
+        if hasattr(a, "__dict__") and not isinstance(a, (jax.Array, np.ndarray)):
+            if _differ(a, b, depth + 1):
+                return True
+        elif isinstance(a, (jax.Array, np.ndarray, float, int)):
+            if isinstance(b, jax.core.Tracer) or isinstance(a, jax.core.Tracer):
+                continue
+            if np.shape(a) != np.shape(b) or not np.array_equal(np.asarray(a), np.asarray(b)):
+                return True
+    return False

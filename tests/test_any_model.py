@@ -404,3 +404,22 @@ def test_a_part_whose_sites_depend_on_a_hidden_site_is_refused(other_part):
     # the part given mu as well sets up
     whole = UHAGuide(handlers.block(_shrunk_means, hide=[]), K=2, warm_start_steps=0)
     SVI(_shrunk_means, whole, optax.adam(1e-3), Trace_ELBO()).init(jax.random.PRNGKey(0), y)
+
+
+def _bounded_by_hidden(y):
+    top = numpyro.sample("top", dist.Gamma(2.0, 1.0))
+    x = numpyro.sample("x", dist.Uniform(0.0, top))  # its density's -log top cancels
+    numpyro.sample("y", dist.Normal(x, 1.0), obs=y)
+
+
+def test_a_part_whose_support_is_set_by_a_hidden_site_is_refused():
+    """x ~ Uniform(0, top) with top hidden: the log density's dependence on top is a term
+    of x's alone that cancels in the double difference, but the chains would run in x's
+    coordinates for one prior draw of top: the support's bounds are compared too."""
+    guide = AutoGuideList(_bounded_by_hidden)
+    part = handlers.block(_bounded_by_hidden, hide=["top"])
+    guide.append(UHAGuide(part, K=2, warm_start_steps=0))
+    guide.append(AutoNormal(handlers.block(_bounded_by_hidden, expose=["top"])))
+    svi = SVI(_bounded_by_hidden, guide, optax.adam(1e-3), Trace_ELBO())
+    with pytest.raises(ValueError, match=r"hides latent site\(s\) \['top'\]"):
+        svi.init(jax.random.PRNGKey(0), 0.5)

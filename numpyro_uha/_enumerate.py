@@ -35,6 +35,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 from numpyro import handlers
+from numpyro.primitives import Messenger
 import numpyro.distributions as dist
 import numpyro.infer.autoguide as _autoguide
 from numpyro.infer.util import _guess_max_plate_nesting, log_density
@@ -85,9 +86,44 @@ def discrete_sites(model_trace, owner: str) -> tuple:
     return tuple(names)
 
 
-def enumeration_failed(names, err) -> str:
+def scopes_renaming_plates(model, args, kwargs) -> list:
+    """The prefixes of the ``numpyro.handlers.scope`` handlers that rename a plate of
+    ``model`` (those without ``hide_types=["plate"]``), found by running it once under a
+    seed; empty if none, or if the model cannot run."""
+    from numpyro.primitives import _PYRO_STACK
+
+    found = []
+
+    class _Look(Messenger):
+        def process_message(self, msg):
+            if msg["type"] != "plate":
+                return
+            for h in _PYRO_STACK:
+                if isinstance(h, handlers.scope) and "plate" not in h.hide_types:
+                    if h.prefix not in found:
+                        found.append(h.prefix)
+
+    try:
+        with handlers.trace(), handlers.seed(rng_seed=0):
+            _Look(model)(*args, **kwargs)
+    except Exception:  # noqa: BLE001 -- a hint only; the model's own error is reported
+        return []
+    return found
+
+
+def enumeration_failed(names, err, scoped=()) -> str:
     """The message for a model that raised when run with its discrete sites ``names``
-    enumerated (NumPyro's NUTS raises the same)."""
+    enumerated (NumPyro's NUTS raises the same). ``scoped``: the prefixes of the
+    ``scope`` handlers that rename the model's plates, which enumeration cannot follow."""
+    if scoped:
+        return (
+            f"UHAGuide: the model raised {type(err).__name__}: {err} -- when run with its "
+            f"discrete latent site(s) {list(names)[:6]} enumerated, as NumPyro's NUTS runs "
+            "it too. Its plates are renamed by numpyro.handlers.scope (prefix "
+            f"{', '.join(repr(p) for p in scoped)}), and enumeration's plate dimensions "
+            "keep the plates' own names, so the two do not meet: pass "
+            "hide_types=['plate'] to that scope (its sample sites keep their prefix)."
+        )
     return (
         f"UHAGuide: the model raised {type(err).__name__}: {err} -- when run with its "
         f"discrete latent site(s) {list(names)[:6]} enumerated, as NumPyro's NUTS runs "

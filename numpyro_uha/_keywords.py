@@ -70,3 +70,13 @@ def check_model_keywords(model, kwargs, fn):
         f"({', '.join(options)}) nor an argument of the model {model_name}"
         f"({', '.join(model_names)}); unknown keywords are passed to the model.{hint}"
     )
+
+
+def did_you_mean_site(name, sites) -> str:
+    """A hint for a site ``name`` that the model does not have: the sites that end in it
+    after a scope's divider (``m/theta`` for ``theta`` under ``numpyro.handlers.scope``),
+    else the closest spelling; empty if none is near."""
+    scoped = [s for s in sites if len(s) > len(name) and s.endswith(name)
+              and not s[-len(name) - 1].isalnum() and s[-len(name) - 1] != "_"]
+    meant = scoped or difflib.get_close_matches(name, list(sites), n=1)
+    return f" Did you mean {' or '.join(repr(s) for s in meant)}?" if meant else ""

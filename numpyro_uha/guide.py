@@ -53,7 +53,7 @@ from numpyro_uha._divergence import (
     finite_guard,
     gate,
 )
-from numpyro_uha._keywords import check_model_keywords
+from numpyro_uha._keywords import check_model_keywords, did_you_mean_site
 from numpyro_uha._memory_maps import relieve as relieve_memory_maps
 from numpyro_uha._masked import (
     completable,
@@ -776,7 +776,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             if not self._discrete:
                 raise
             # the model failed only when its discrete sites were enumerated
-            raise ValueError(_enumerate.enumeration_failed(self._discrete, err)) from err
+            scoped = _enumerate.scopes_renaming_plates(self._user_model, args, kwargs)
+            raise ValueError(_enumerate.enumeration_failed(self._discrete, err, scoped)) from err
         if decenter:
             reached = tuple(n for n in decenter if n + _decenter.SUFFIX in self.prototype_trace)
             if self.requested_decenter != "auto" and len(reached) < len(decenter):
@@ -1271,7 +1272,14 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         for name in names:
             site = model_trace.get(name)
             if site is None or site["type"] != "sample" or site["is_observed"]:
-                raise ValueError(f"UHAGuide: decenter names {name!r}, not a latent site of the model.")
+                latent = sorted(
+                    n for n, s in model_trace.items()
+                    if s["type"] == "sample" and not s["is_observed"]
+                )
+                raise ValueError(
+                    f"UHAGuide: decenter names {name!r}, not a latent site of the model"
+                    f" (its latent sites: {latent}).{did_you_mean_site(name, latent)}"
+                )
             base = _decenter._unwrap(site["fn"])
             if type(base) not in _decenter.LOC_SCALE_FAMILIES:
                 raise ValueError(

@@ -49,7 +49,7 @@ import numpyro.distributions as dist
 from numpyro.distributions.util import sum_rightmost
 
 from numpyro_uha import _decenter, _supports
-from numpyro_uha._keywords import check_model_keywords
+from numpyro_uha._keywords import check_model_keywords, did_you_mean_site
 from numpyro_uha._memory_maps import relieve as relieve_memory_maps
 from numpyro_uha._masked import _batch_mask, completion_log_density, masked_out_entries
 from numpyro_uha.core import (
@@ -471,6 +471,7 @@ class UHALocalGuide(AutoGuide):
                 raise ValueError(
                     f"UHALocalGuide: decenter names {n!r}, not a latent site of the plate "
                     f"'{plate}' (its latent sites: {sorted(local)})."
+                    f"{did_you_mean_site(n, sorted(local))}"
                 )
             if _decenter.real_loc_scale(trace[n]["fn"]) is None:
                 raise ValueError(

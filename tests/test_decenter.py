@@ -552,3 +552,18 @@ def test_sites_under_scope_are_non_centered_under_their_scoped_names(model, expe
     draws = guide.sample_posterior(jax.random.PRNGKey(1), params, Y, sample_shape=(4,))
     assert all(draws[name].shape == (4, Y.shape[0]) for name in expected)
     assert not any(name.endswith("_decentered") for name in draws)
+
+
+def test_an_unscoped_decenter_name_points_to_the_scoped_site():
+    """decenter=["theta"] on a model under scope(prefix="m"): the error names the model's
+    latent sites and suggests 'm/theta' (a misspelling gets the closest name)."""
+    model = numpyro.handlers.scope(_school, prefix="m")
+    svi_init = lambda guide: SVI(model, guide, optax.adam(1e-3), Trace_ELBO()).init(  # noqa: E731
+        jax.random.PRNGKey(0), Y
+    )
+    with pytest.raises(ValueError, match=r"'theta', not a latent site.*Did you mean 'm/theta'\?"):
+        svi_init(UHAGuide(model, K=2, warm_start_steps=0, decenter=["theta"]))
+    with pytest.raises(ValueError, match=r"Did you mean 'm/theta'\?"):
+        svi_init(UHAGuide(model, K=2, warm_start_steps=0, decenter=["m/thetta"]))
+    with pytest.raises(ValueError, match=r"'nope', not a latent site[^?]*$"):
+        svi_init(UHAGuide(model, K=2, warm_start_steps=0, decenter=["nope"]))

@@ -307,6 +307,24 @@ def test_a_model_that_does_not_broadcast_under_enumeration_gets_a_hint():
     with pytest.raises(ValueError, match=r"enumerated, as NumPyro's NUTS.*numpyro.plate"):
         numpyro.handlers.seed(guide, 0)(Y6)
 
+    # the hint for a scope's plates is not given where no scope renames them
+    with pytest.raises(ValueError) as info:
+        numpyro.handlers.seed(guide, 0)(Y6)
+    assert "numpyro.handlers.scope" not in str(info.value)
+
+
+def test_a_mixture_whose_plates_a_scope_renames_gets_the_scope_hint():
+    """Under numpyro.handlers.scope the plate 'data' is renamed 'm/data', which
+    enumeration's plate dimensions do not follow (NumPyro's NUTS raises too): the error
+    names the scope and hide_types=['plate'], with which the guide sets up."""
+    scoped = numpyro.handlers.scope(mixture, prefix="m")
+    with pytest.raises(ValueError, match=r"scope \(prefix 'm'\).*hide_types=\['plate'\]"):
+        numpyro.handlers.seed(UHAGuide(scoped, K=2, warm_start_steps=0), 0)(Y6)
+    fixed = numpyro.handlers.scope(mixture, prefix="m", hide_types=["plate"])
+    guide = UHAGuide(fixed, K=2, warm_start_steps=0)
+    SVI(fixed, guide, optax.adam(1e-3), Trace_ELBO()).init(jax.random.PRNGKey(0), Y6)
+    assert "m/mu" in guide.prototype_trace
+
 
 def mixture_with_a_deterministic_mean(y):
     mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))

@@ -60,3 +60,89 @@ def _bounded_memory_maps():
 
         jax.clear_caches()
         gc.collect()
+
+
+# Tests run with `pytest -m slow` only, chosen for their time (each took 19 s or more in
+# a full run of the default suite on the 2-core CPU, 2026-11-30, whose 775 tests took
+# about 40 min of test time against the ~10 min the project allows). Each leaves in the
+# default suite another test of the same mechanism (the same identity on another
+# support, model or parametrization; the same contract on a smaller model), except where
+# the comment says. Marked here rather than in each file so that the list, its reason and
+# its measurement stay in one place; a name that no longer matches a test is reported by
+# `test_slow_for_time_names_exist` (tests/test_docs.py lists its slow pages itself).
+SLOW_FOR_TIME = frozenset({
+    "tests/core/test_convergence.py::test_gap_shrinks_with_k_for_a_per_coordinate_scale[velocity_verlet]",
+    "tests/core/test_rows.py::test_each_row_is_the_single_chain_with_its_key[True-velocity_verlet-False]",
+    "tests/core/test_rows.py::test_reverse_rows_are_the_single_reverse_chains[True]",
+    "tests/core/test_rows.py::test_rows_gradients_are_the_single_chains_gradients",
+    "tests/core/test_warm_start.py::test_python_driven_and_traced_runs_agree[diagonal]",
+    "tests/test_any_model.py::test_a_model_that_reads_its_datas_values_trains_draws_and_estimates_log_z",
+    "tests/test_any_model.py::test_a_support_that_depends_on_another_latent_holds_at_every_draw",
+    "tests/test_any_model.py::test_an_unhashable_model_argument_trains_draws_and_estimates",
+    "tests/test_arviz_export.py::test_resampled_posterior_is_importance_resample_of_the_draws",
+    "tests/test_compile_once.py::test_hais_compiles_once",
+    "tests/test_compile_once.py::test_sandwich_compiles_once[uha]",
+    "tests/test_control_flow.py::test_a_plate_inside_scan_sets_up_targets_the_model_and_keeps_the_elbo_the_weights",
+    "tests/test_control_flow.py::test_uha_local_guide_trains_on_a_scan_model",
+    "tests/test_decenter.py::test_a_non_centered_multivariate_site_keeps_trace_elbo_the_core_weight[mvn]",
+    "tests/test_decenter.py::test_a_non_centered_poisson_model_warm_starts_near_the_centered_one",
+    "tests/test_decenter.py::test_a_non_centered_random_walk_keeps_trace_elbo_the_core_weight",
+    "tests/test_decenter.py::test_auto_finds_the_sites_under_a_jitted_svi_init",
+    "tests/test_decenter.py::test_auto_keeps_the_coordinates_whose_warm_start_fits_better",
+    "tests/test_decenter.py::test_sites_under_scope_are_non_centered_under_their_scoped_names[scope]",
+    "tests/test_decenter.py::test_the_guide_speaks_the_models_own_sites",
+    "tests/test_decenter.py::test_the_non_centered_start_is_the_point_init_loc_fn_gives_the_model[value]",
+    "tests/test_defaults.py::test_optimizer_moves_q_in_posterior_sds",
+    "tests/test_elbo_term_identity.py::test_the_elbo_term_is_the_core_log_weight_on_each_support[lkj_cholesky]",
+    "tests/test_elbo_term_identity.py::test_the_elbo_term_is_the_core_log_weight_on_each_support[wishart]",
+    "tests/test_enumerate.py::test_a_non_centered_site_beside_a_discrete_one_keeps_the_elbo_term_the_log_weight",
+    "tests/test_enumerate.py::test_a_site_whose_loc_moves_with_a_discrete_site_is_not_non_centered",
+    "tests/test_enumerate.py::test_the_discrete_draw_conditions_on_x_in_the_support_the_model_draws",
+    "tests/test_estimators.py::test_extrapolated_schedule_and_step_sizes",
+    "tests/test_estimators.py::test_extrapolation_to_more_steps_tightens_the_bound",
+    "tests/test_estimators.py::test_grid_search_hits_rejection_targets_and_picks_the_best",
+    "tests/test_estimators.py::test_latent_from_samples_handles_constrained_shapes",
+    "tests/test_fit_worse_than_start.py::test_warm_start_scores_its_q",
+    "tests/test_guide_usage.py::test_constrained_sites_stay_in_support[cholesky]",
+    "tests/test_guide_usage.py::test_everything_frozen_still_runs",
+    "tests/test_guide_usage.py::test_plate_latent_and_deterministic_site_shapes",
+    "tests/test_hidden_markov.py::test_a_scanned_chain_sets_up_and_says_why_its_states_are_not_drawn",
+    "tests/test_hidden_markov.py::test_svi_init_under_jit_sets_up_as_the_eager_call",
+    "tests/test_hidden_markov.py::test_the_pointwise_log_likelihood_is_refused_with_a_reason",
+    "tests/test_hidden_markov.py::test_the_target_is_the_forward_algorithms_marginal",
+    "tests/test_hidden_markov.py::test_weights_estimate_the_exact_evidence_and_posterior_means",
+    "tests/test_improper_directions.py::test_obs_mask_entries_are_completed_not_warned_about",
+    "tests/test_local.py::test_a_data_plate_at_dim_minus_two_fits_as_at_dim_minus_one[True]",
+    "tests/test_local.py::test_a_diverged_chain_gives_no_gradient_and_its_loss_shows",
+    "tests/test_local.py::test_a_fitted_guide_with_global_latents_pickles_and_draws_the_same",
+    "tests/test_local.py::test_a_local_support_bounded_by_its_data_point_is_read_at_each_call[other bounds]",
+    "tests/test_local.py::test_a_model_that_reads_its_datas_values_trains_and_its_log_z_is_exact",
+    "tests/test_local.py::test_each_data_point_chain_is_the_single_chain_with_its_key",
+    "tests/test_local.py::test_training_without_divergences_leaves_the_latch_at_zero",
+    "tests/test_local_compile_once.py::test_svi_init_under_jit_is_the_eager_init[encoder]",
+    "tests/test_local_compile_once.py::test_svi_init_under_jit_is_the_eager_init[minibatch]",
+    "tests/test_local_decenter.py::test_each_points_elbo_is_its_log_weight_with_the_jacobian",
+    "tests/test_local_decenter.py::test_every_loc_scale_family_keeps_each_points_elbo_its_log_weight[StudentT]",
+    "tests/test_local_decenter.py::test_true_decenters_the_local_sites_whose_loc_or_scale_depends_on_latents",
+    "tests/test_local_decenter.py::test_vector_local_sites_keep_each_points_elbo_its_log_weight[Normal.to_event]",
+    "tests/test_local_evaluation.py::test_inference_data_holds_the_draws_and_the_models_log_likelihood",
+    "tests/test_local_masked_entries.py::test_obs_mask_entries_are_completed_and_log_z_is_the_models[normal_imputation]",
+    "tests/test_local_masked_entries.py::test_the_loss_is_minus_the_chains_log_weights_with_completed_constrained_entries",
+    "tests/test_local_user_models.py::test_clear_errors_for_bad_draw_arguments",
+    "tests/test_local_user_models.py::test_predictive_without_the_data_says_how_to_draw_predictions",
+    "tests/test_masked_entries.py::test_compare_with_nuts_leaves_the_completed_entries_out",
+    "tests/test_masked_entries.py::test_trace_elbo_term_is_the_core_log_weight_with_completed_entries[auto]",
+    "tests/test_median_quantiles.py::test_median_has_the_sites_and_shapes_of_auto_normal",
+    "tests/test_minibatch_bound.py::test_the_minibatch_estimate_is_unbiased_for_the_full_data_bound",
+    "tests/test_posterior_support.py::test_a_failed_setup_lets_the_process_exit_cleanly",
+    "tests/test_vae_benchmark.py::test_dreg_decoder_gradient_is_the_iwae_bound_gradient_for_the_same_noise",
+    "tests/test_weight_summary.py::test_draws_warn_with_the_khat_of_their_own_weights_at_the_callers_line",
+})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of ``SLOW_FOR_TIME`` slow, before ``-m`` deselects them."""
+    for item in items:
+        if item.nodeid in SLOW_FOR_TIME:
+            item.add_marker(pytest.mark.slow)

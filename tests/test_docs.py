@@ -315,7 +315,7 @@ def test_kernel_returns_replies_that_arrived_together(tmp_path, monkeypatch):
 
 # Pages whose examples take 20 s or more on 2 cores (as measured in a full run, session of
 # 2026-11-29: 21-64 s each) run with `pytest -m slow`, to keep the default suite near 10
-# minutes; the README, the getting-started and the local-latents pages stay in it.
+# minutes (more below).
 SLOW_PAGES = {
     "docs/how-to/divergence-and-saving.md",
     "docs/how-to/log-z.md",
@@ -327,6 +327,13 @@ SLOW_PAGES = {
     # 34 s on a slower 2-core machine (2026-11-30); its sharding and device paths are in
     # the default suite (tests/test_sharding.py)
     "docs/how-to/devices.md",
+    # 35-96 s each in a full run on the 2-core CPU (2026-11-30, ~40 min of test time in
+    # all): the pages' guides, options and estimators are tested by default in their own
+    # test files; the README's examples stay in the default suite
+    "docs/getting-started.md",
+    "docs/how-to/local-latents.md",
+    "docs/how-to/khat.md",
+    "docs/how-to/freeze-groups.md",
 }
 
 

@@ -51,6 +51,22 @@ def _batch_mask(fn, xp=jnp):
     return xp.ones(fn.batch_shape, bool)
 
 
+def has_mask(fn) -> bool:
+    """Whether ``fn`` holds a :class:`~numpyro.distributions.MaskedDistribution`
+    (through expansions and ``to_event``)."""
+    while True:
+        if isinstance(fn, MaskedDistribution):
+            return True
+        if not isinstance(fn, (ExpandedDistribution, Independent)):
+            return False
+        fn = fn.base_dist
+
+
+def batch_mask(fn):
+    """The mask of ``fn`` over its batch shape, as a (possibly traced) JAX array."""
+    return _batch_mask(fn, jnp)
+
+
 def masked_out_entries(trace) -> dict:
     """``{site: bool array over the site's batch shape}``, ``True`` where a latent
     sample site's mask (:func:`numpyro.handlers.mask`, ``obs_mask``, ``.mask()``) leaves

@@ -58,7 +58,9 @@ from numpyro_uha._memory_maps import relieve as relieve_memory_maps
 from numpyro_uha._masked import (
     completable,
     completion_log_density,
+    batch_mask,
     current_coordinates,
+    has_mask,
     masked_out_entries,
 )
 from numpyro_uha._precondition import (
@@ -1486,16 +1488,21 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if not masked:
             return {}
         args, kwargs = _merge_static(arrays, spec)
-        oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params))
+        oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params, probe=True))
         init_scale = np.full(self.latent_dim, self._init_scale, np.dtype(init_loc.dtype))
         flat, _ = _probe_near_q(oracle, init_loc, init_scale, MASK_PROBE_ROWS)
         index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
         return completable(masked, flat, index)
 
-    def _make_logdensity(self, args, kwargs, model_params):
+    def _make_logdensity(self, args, kwargs, model_params, probe=False):
+        """z ↦ the chain's target. A masked-out entry's log |det J| counts (its density
+        is then flat in the model's own x, as Trace_ELBO's terms have it) except where
+        the entry is completed (_masked.py), which counts with its completion density in
+        z instead; ``probe`` (the setup's flatness probe): every masked-out entry
+        without its log |det J|, nothing completed yet."""
         model = self._conditioned_model(model_params)
         init_trace = self._check_same_latents(model, args, kwargs)
-        coords = self._completion_now(init_trace)[0]
+        coords, completed = self._completion_now(init_trace)
         # summed out, a masked-out discrete entry would count log |support| (_enumerate.py)
         masked_out = _enumerate.masked_out_log_count(init_trace, self._discrete)
 
@@ -1507,7 +1514,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if enum:  # discrete latent sites summed out (_enumerate.py)
             seeded = _enumerate.enumerated(seeded, self._plate_nesting)
         # each site's log |det J| unscaled, as in Trace_ELBO's terms (_UnscaledJacobians)
-        seeded = _UnscaledJacobians(seeded, self._init_locs)
+        seeded = _UnscaledJacobians(seeded, self._init_locs, None if probe else completed)
 
         def logdensity_fn(z):
             with handlers.block():
@@ -2657,15 +2664,36 @@ class _UnscaledJacobians(Messenger):
     density of x carries the whole Jacobian Σ log scale, where the chain's model scores
     c · log p(x̃): the missing (1 − c) · Σ log scale is added as an unscaled factor."""
 
-    def __init__(self, fn, names):
+    def __init__(self, fn, names, completed=None):
         self._factors = {f"_{name}_log_det" for name in names}
+        self._completed = completed
+        self._keep = {}
         super().__init__(fn)
 
     def process_message(self, msg):
         # after the model's own scale handlers (inside the model, so above this one on
         # the stack, they process each message first)
-        if msg["type"] == "sample" and msg["name"] in self._factors:
+        if msg["type"] != "sample":
+            return
+        if msg["name"] in self._factors:
             msg["scale"] = None
+        if msg["name"] in self._keep:
+            # The Jacobian of a site with masked-out entries. NumPyro masks it with a
+            # handlers.mask around the site but not with a mask on the distribution
+            # (``.mask(False)``): both alike here, by the entries it counts at.
+            fn = msg["fn"]
+            while isinstance(fn, dist.MaskedDistribution):
+                fn = fn.base_dist
+            keep = self._keep.pop(msg["name"])
+            msg["fn"] = fn if keep is None else fn.mask(keep)
+        elif not msg["is_observed"] and has_mask(msg["fn"]):
+            factor = f"_{msg['name']}_log_det"
+            if self._completed is None:  # the probe: where the site counts
+                self._keep[factor] = batch_mask(msg["fn"])
+            elif msg["name"] in self._completed:  # everywhere but the completed entries
+                self._keep[factor] = ~self._completed[msg["name"]]
+            else:  # everywhere
+                self._keep[factor] = None
 
     def postprocess_message(self, msg):
         scale = msg.get("scale")

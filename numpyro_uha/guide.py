@@ -2100,7 +2100,14 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         # Equal batches in one scan: lax.map's remainder batch would run beside the scan,
         # which can deadlock XLA:CPU's batched LAPACK kernels (see batched_map).
         samples, log_weights, z, info = shard_leading(batched_map(one, keys, batch_size), sharding)
-        finite = _finite_draws(log_weights, z)
+        # a latent site's value too: z finite but too far out for the site's transform
+        # (exp(z) = inf; an improper posterior's q widens without end) is a failed draw
+        values = [
+            samples[k] for k, site in self.prototype_trace.items()
+            if samples is not None and k in samples
+            and site["type"] == "sample" and not site["is_observed"]
+        ]
+        finite = _finite_draws(log_weights, z, values)
         if not split:
             return samples, log_weights, z, info, finite
         summary = summary_values(
@@ -3107,8 +3114,14 @@ def _nonfinite_observed(site):
 
 
 @jax.jit
-def _finite_draws(log_weights, latent):
-    return jnp.isfinite(log_weights) & jnp.all(jnp.isfinite(latent), axis=-1)
+def _finite_draws(log_weights, latent, values=()):
+    """Per draw: a finite log weight, latent z and ``values`` (arrays with the draws on
+    their leading axis)."""
+    finite = jnp.isfinite(log_weights) & jnp.all(jnp.isfinite(latent), axis=-1)
+    for value in values:
+        value = jnp.reshape(value, (jnp.shape(value)[0], -1))
+        finite = finite & jnp.all(jnp.isfinite(value), axis=-1)
+    return finite
 
 
 def _host_keys(rng_key, num_draws, params, arrays):

@@ -227,3 +227,27 @@ def test_fit_warning_on_a_poor_fit(fitted):
         log_z(guide, KEY, poor, NEVER, num_draws=N)
     with pytest.warns(UHAFitWarning, match="k̂"):
         to_inference_data(guide, KEY, poor, NEVER, num_samples=N, log_likelihood=False)
+
+
+def test_a_draw_whose_constrained_value_overflows_is_not_finite():
+    """z finite but too far out for the site's transform (exp(100) overflows float32): the
+    log weight is finite (an improper flat prior on a positive site, as an improper
+    posterior's widening q reaches), the value is inf. Such draws were returned as
+    finite (the mean of another site 8e16 in a fit); they now count as failed draws."""
+    from numpyro.distributions import constraints
+
+    def model():
+        numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        numpyro.sample("s", dist.ImproperUniform(constraints.positive, (), ()))
+
+    guide = UHAGuide(model, K=2, warm_start_steps=0)
+    svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0)))
+    far = dict(params, auto_loc=jnp.full_like(params["auto_loc"], 100.0))
+    draws = guide.sample_posterior_with_log_weights(KEY, far, sample_shape=(50,), nonfinite="keep")
+    assert np.all(np.isfinite(np.asarray(draws.log_weights)))
+    assert np.all(np.isinf(np.asarray(draws.samples["s"])))
+    with pytest.raises(FloatingPointError, match="50 of 50 draws have a non-finite"):
+        guide.sample_posterior(KEY, far, sample_shape=(50,))
+    # at q's start the same draws are finite and returned
+    assert np.all(np.isfinite(np.asarray(guide.sample_posterior(KEY, params, sample_shape=(50,))["s"])))

@@ -62,11 +62,6 @@ def has_mask(fn) -> bool:
         fn = fn.base_dist
 
 
-def batch_mask(fn):
-    """The mask of ``fn`` over its batch shape, as a (possibly traced) JAX array."""
-    return _batch_mask(fn, jnp)
-
-
 def masked_out_entries(trace) -> dict:
     """``{site: bool array over the site's batch shape}``, ``True`` where a latent
     sample site's mask (:func:`numpyro.handlers.mask`, ``obs_mask``, ``.mask()``) leaves

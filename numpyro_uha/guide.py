@@ -57,8 +57,8 @@ from numpyro_uha._keywords import check_model_keywords, did_you_mean_site
 from numpyro_uha._memory_maps import relieve as relieve_memory_maps
 from numpyro_uha._masked import (
     completable,
+    _batch_mask,
     completion_log_density,
-    batch_mask,
     current_coordinates,
     has_mask,
     masked_out_entries,
@@ -2664,7 +2664,14 @@ class _UnscaledJacobians(Messenger):
     each term is scale · log p(x) + log |det J| − log q. UHA's target takes the ELBO's
     convention, or its terms would not be the chain's log weights (for
     ``scale(0.5)`` on ``s ~ HalfNormal(1)``: p(s)^0.5, where NumPyro's NUTS samples
-    p(s)^0.5 s^-0.5). Masks stay (the factors keep them).
+    p(s)^0.5 s^-0.5).
+
+    The log |det J| of a site with masked-out entries counts by the entries ``completed``
+    says (see ``UHAGuide._make_logdensity``), whichever mask the model used: NumPyro masks
+    the factor under a ``handlers.mask`` around the site but not for a mask on the
+    distribution (``.mask(False)``). ``completed``: ``{site: bool entries}``, the
+    Jacobian left out at those entries and kept at every other; ``None`` (the setup's
+    flatness probe): left out wherever the site's own mask leaves the entry out.
 
     A non-centered site x = loc + scale · x̃ under a scale c (``decenter``) is the same
     case: the model scores c · log p(x) = c · (log p(x̃) − Σ log scale) and the guide's
@@ -2696,7 +2703,7 @@ class _UnscaledJacobians(Messenger):
         elif not msg["is_observed"] and has_mask(msg["fn"]):
             factor = f"_{msg['name']}_log_det"
             if self._completed is None:  # the probe: where the site counts
-                self._keep[factor] = batch_mask(msg["fn"])
+                self._keep[factor] = _batch_mask(msg["fn"])
             elif msg["name"] in self._completed:  # everywhere but the completed entries
                 self._keep[factor] = ~self._completed[msg["name"]]
             else:  # everywhere

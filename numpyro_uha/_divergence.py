@@ -92,7 +92,10 @@ class UHAImproperPosteriorWarning(UHAFitWarning):
     draws mean anything. Typical causes: the entries of an ``obs_mask`` site's
     ``<name>_unobserved`` latent where the data are observed (NumPyro masks their
     density out), or a latent with an improper prior (``ImproperUniform``) that nothing
-    else depends on."""
+    else depends on. A flat prior on an unbounded support other than the real line
+    (positive, bounded on one side, ordered) is found the same way with the log |det J|
+    of its map to the support left out: its density is flat in the site's own value,
+    not in the unconstrained coordinates."""
 
 
 class UHASupportWarning(UHAFitWarning):

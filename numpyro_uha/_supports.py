@@ -59,3 +59,37 @@ def support_parameters(support) -> list:
     if leaves == [support]:  # not registered as a pytree: its attributes
         leaves = jax.tree.leaves(list(vars(support).values()))
     return [leaf for leaf in leaves if not isinstance(leaf, constraints.Constraint)]
+
+
+#: supports of infinite volume other than the real line (on the real line a flat density
+#: is flat in the unconstrained coordinates too, which the setup's probe finds directly)
+_UNBOUNDED = tuple(
+    getattr(constraints, name) for name in (
+        "_GreaterThan", "_LessThan", "_OrderedVector", "_PositiveOrderedVector",
+    ) if hasattr(constraints, name)
+)
+
+
+def flat_on_unbounded_support(trace) -> list:
+    """The unmasked latent sites of ``trace`` with an improper flat prior
+    (:class:`~numpyro.distributions.ImproperUniform`, through ``expand`` and
+    ``to_event``) on a support of infinite volume other than the real line (positive,
+    bounded on one side, ordered). Where nothing else depends on such a site, the
+    posterior is flat in the site's own value over an unbounded set: improper, though in
+    the unconstrained coordinates the density is the transform's Jacobian, not flat."""
+    from numpyro.distributions import ImproperUniform
+    from numpyro.distributions.distribution import ExpandedDistribution, Independent
+
+    names = []
+    for name, site in trace.items():
+        if site["type"] != "sample" or site["is_observed"] or site.get("mask") is not None:
+            continue
+        fn = site["fn"]
+        while isinstance(fn, (ExpandedDistribution, Independent)):
+            fn = fn.base_dist
+        support = fn.support
+        while isinstance(support, constraints._IndependentConstraint):
+            support = support.base_constraint
+        if isinstance(fn, ImproperUniform) and isinstance(support, _UNBOUNDED):
+            names.append(name)
+    return names

@@ -758,7 +758,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
 
     def _setup_in(self, decenter, precompiling, args, kwargs):
         """The setup in given coordinates: ``decenter`` names the non-centered sites."""
-        self._flat_mask = self._ruled_out = None
+        self._flat_mask = self._ruled_out = self._flat_in_value = None
         self._completion = {}
         # NumPyro's initial point: in non-centered coordinates, the one init_loc_fn gives
         # the model as written (see _decenter.decentered_init)
@@ -833,6 +833,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             self._completion = self._masked_flat_entries(init_loc, arrays, spec, model_params)
             if self._completion:  # programs traced before read the model without it
                 self._jitted_setup, self._jitted_draws = {}, {}
+            self._flat_in_value = self._flat_in_own_value(init_loc, arrays, spec, model_params)
         if self.init_from is not None:
             loc, scale = self._q_from_fitted(*self.init_from)
             preconditioned = True
@@ -1090,11 +1091,17 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
 
     def _warn_if_flat(self):
         """Warn (:class:`~numpyro_uha.UHAImproperPosteriorWarning`) where the setup found
-        coordinates the log density does not depend on (:func:`_probe_near_q`),
-        naming their sites and positions."""
-        mask = getattr(self, "_flat_mask", None)
-        if mask is None or not mask.any():
+        coordinates the log density does not depend on (:func:`_probe_near_q`), or
+        coordinates of an improper flat prior on an unbounded support that it depends on
+        only through their log |det J| (:meth:`_flat_in_own_value`), naming their sites
+        and positions."""
+        masks = [
+            m for m in (getattr(self, "_flat_mask", None), getattr(self, "_flat_in_value", None))
+            if m is not None
+        ]
+        if not masks or not any(m.any() for m in masks):
             return
+        mask = np.logical_or.reduce(masks)
         index = self._unpack_latent(np.arange(mask.shape[0], dtype=np.float64))
         parts = []
         for name, positions in index.items():
@@ -1107,10 +1114,16 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             more = f", … ({len(where)} in all)" if len(where) > 8 else ""
             what = f"at positions {shown}{more}" if flat.ndim else ""
             parts.append(f"{self._model_site(name)!r} {what}".rstrip())
+        unbounded = masks[-1] is getattr(self, "_flat_in_value", None) and masks[-1].any()
+        support = (
+            "; for a flat prior on an unbounded support such as positive: apart from the "
+            "log |det J| of the map to that support, so flat in the site's own value"
+            if unbounded else ""
+        )
         warnings.warn(
             "UHAGuide: the model's log density does not depend on latent site(s) "
             f"{'; '.join(parts)} (its gradient there is exactly zero at q's mean and at "
-            "draws from q), so the posterior is improper in "
+            f"draws from q{support}), so the posterior is improper in "
             "them: no guide can fit them, and the ELBO and log Z grow without bound as q "
             "widens there. Latents with an improper prior that nothing depends on do this. "
             "Give them a proper prior, or leave them out of the model. (Entries that the "
@@ -1494,12 +1507,39 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
         return completable(masked, flat, index)
 
-    def _make_logdensity(self, args, kwargs, model_params, probe=False):
+    def _flat_in_own_value(self, init_loc, arrays, spec, model_params):
+        """The coordinates of the latent sites with an improper flat prior on an
+        unbounded support other than the real line
+        (:func:`~numpyro_uha._supports.flat_on_unbounded_support`) along which the log
+        density, those sites' log |det J| left out, is constant at NumPyro's initial
+        point and draws around it: the posterior is flat there in the site's own value,
+        hence improper (a bool mask over the latent coordinates). ``None`` without such
+        sites, the common case: no program is compiled for it."""
+        names = _supports.flat_on_unbounded_support(self.prototype_trace)
+        if not names:
+            return None
+        args, kwargs = _merge_static(arrays, spec)
+        oracle = rows_oracle(
+            self._make_logdensity(args, kwargs, model_params, without_jacobian=names)
+        )
+        init_scale = np.full(self.latent_dim, self._init_scale, np.dtype(init_loc.dtype))
+        flat, _ = _probe_near_q(oracle, init_loc, init_scale, MASK_PROBE_ROWS)
+        if flat is None:
+            return None
+        index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
+        mask = np.zeros(self.latent_dim, bool)
+        for name in names:
+            positions = np.rint(np.asarray(index[name])).astype(int).reshape(-1)
+            mask[positions] = flat[positions]
+        return mask
+
+    def _make_logdensity(self, args, kwargs, model_params, probe=False, without_jacobian=()):
         """z ↦ the chain's target. A masked-out entry's log |det J| counts (its density
         is then flat in the model's own x, as Trace_ELBO's terms have it) except where
         the entry is completed (_masked.py), which counts with its completion density in
         z instead; ``probe`` (the setup's flatness probe): every masked-out entry
-        without its log |det J|, nothing completed yet."""
+        without its log |det J|, nothing completed yet. ``without_jacobian``: latent sites
+        whose log |det J| is left out (:meth:`_flat_in_own_value`'s probe)."""
         model = self._conditioned_model(model_params)
         init_trace = self._check_same_latents(model, args, kwargs)
         coords, completed = self._completion_now(init_trace)
@@ -1514,7 +1554,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if enum:  # discrete latent sites summed out (_enumerate.py)
             seeded = _enumerate.enumerated(seeded, self._plate_nesting)
         # each site's log |det J| unscaled, as in Trace_ELBO's terms (_UnscaledJacobians)
-        seeded = _UnscaledJacobians(seeded, self._init_locs, None if probe else completed)
+        seeded = _UnscaledJacobians(
+            seeded, self._init_locs, None if probe else completed, without_jacobian
+        )
 
         def logdensity_fn(z):
             with handlers.block():
@@ -2678,9 +2720,10 @@ class _UnscaledJacobians(Messenger):
     density of x carries the whole Jacobian Σ log scale, where the chain's model scores
     c · log p(x̃): the missing (1 − c) · Σ log scale is added as an unscaled factor."""
 
-    def __init__(self, fn, names, completed=None):
+    def __init__(self, fn, names, completed=None, without=()):
         self._factors = {f"_{name}_log_det" for name in names}
         self._completed = completed
+        self._without = set(without)
         self._keep = {}
         super().__init__(fn)
 
@@ -2700,6 +2743,8 @@ class _UnscaledJacobians(Messenger):
                 fn = fn.base_dist
             keep = self._keep.pop(msg["name"])
             msg["fn"] = fn if keep is None else fn.mask(keep)
+        elif not msg["is_observed"] and msg["name"] in self._without:
+            self._keep[f"_{msg['name']}_log_det"] = False
         elif not msg["is_observed"] and has_mask(msg["fn"]):
             factor = f"_{msg['name']}_log_det"
             if self._completed is None:  # the probe: where the site counts

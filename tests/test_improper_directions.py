@@ -4,7 +4,10 @@ An improper prior on a latent nothing else uses makes such coordinates. The warn
 names the site and exactly those positions, and is silent on proper posteriors,
 including one whose gradient along a coordinate is tiny but not zero, and on entries the
 model masks out (NumPyro's ``obs_mask`` makes those: the entries of
-``<name>_unobserved`` where the data are observed), which the guide completes."""
+``<name>_unobserved`` where the data are observed), which the guide completes. A flat
+prior on an unbounded support other than the real line (positive, ordered) is flat in
+the site's own value, not in the unconstrained coordinates: found with its log |det J|
+left out, and not on a bounded support, where it is a proper uniform."""
 
 import warnings
 
@@ -37,6 +40,21 @@ def unused_improper(y):
         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
 
 
+def unused_flat_on(support, shape, used=None):
+    """A flat improper prior on ``support`` (``ImproperUniform``), whose entries
+    ``used`` the likelihood reads (none by default)."""
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        free = numpyro.sample("free", dist.ImproperUniform(support, (), shape))
+        if used is not None:
+            numpyro.sample("y_free", dist.Normal(free[used], 1.0), obs=y)
+        with numpyro.plate("n", y.shape[0]):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    return model
+
+
 def nearly_flat(y):
     """Proper: ``wide``'s prior is all that depends on it, its gradient about 1e-5 at
     draws from q (a tolerance on the gradient instead of exact zeros would flag it)."""
@@ -47,7 +65,8 @@ def nearly_flat(y):
 
 
 def set_up(model, *args, **guide_kwargs):
-    guide = UHAGuide(model, K=2, warm_start_steps=100, **guide_kwargs)
+    guide_kwargs.setdefault("warm_start_steps", 100)
+    guide = UHAGuide(model, K=2, **guide_kwargs)
     svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -78,12 +97,38 @@ def test_an_unused_improper_latent_is_named_with_its_positions():
 
 
 @pytest.mark.parametrize(
+    "support, used, named",
+    [
+        (dist.constraints.positive, 0, "'free' at positions 1, 2 ("),
+        (dist.constraints.greater_than(2.0), None, "'free' at positions 0, 1, 2 ("),
+        (dist.constraints.ordered_vector, None, "'free' at positions 0, 1, 2 ("),
+    ],
+    ids=["positive-one-used", "greater-than", "ordered"],
+)
+def test_a_flat_prior_on_an_unbounded_support_is_named(support, used, named):
+    """In the unconstrained coordinates such a site's density is the map's log |det J|
+    (z for a positive site), not flat: the setup finds it flat in the site's own value,
+    where the support has infinite volume, and names exactly the entries nothing uses.
+    The check probes at NumPyro's initial point, before any warm start (none here)."""
+    (caught,) = set_up(unused_flat_on(support, (3,), used), Y, warm_start_steps=0)
+    message = str(caught.message)
+    assert named in message
+    assert "flat in the site's own value" in message
+    assert "'mu'" not in message
+
+
+@pytest.mark.parametrize(
     "model, args",
-    [(nearly_flat, (Y,)), (imputation, (Y, jnp.zeros(12, bool)))],
-    ids=["tiny-gradient", "obs_mask-all-missing"],
+    [
+        (nearly_flat, (Y,)),
+        (imputation, (Y, jnp.zeros(12, bool))),
+        (unused_flat_on(dist.constraints.unit_interval, (3,)), (Y,)),
+        (unused_flat_on(dist.constraints.positive, (), used=...), (Y,)),
+    ],
+    ids=["tiny-gradient", "obs_mask-all-missing", "flat-on-a-bounded-support", "flat-used"],
 )
 def test_proper_posteriors_get_no_warning(model, args):
-    assert set_up(model, *args) == []
+    assert set_up(model, *args, warm_start_steps=0 if model.__name__ == "model" else 100) == []
 
 
 def test_the_check_runs_after_init_from_too():

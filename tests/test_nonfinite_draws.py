@@ -20,7 +20,13 @@ import pytest
 from jax.scipy.special import logsumexp
 from numpyro.infer import SVI, Trace_ELBO
 
-from numpyro_uha import UHAFitWarning, UHAGuide, UHANonfiniteDrawsWarning, WeightedDraws
+from numpyro_uha import (
+    UHAFitWarning,
+    UHAGuide,
+    UHAImproperPosteriorWarning,
+    UHANonfiniteDrawsWarning,
+    WeightedDraws,
+)
 from numpyro_uha.evaluation import log_z, log_z_from_weights, to_inference_data
 from numpyro_uha.evaluation.estimators import _forward
 
@@ -242,7 +248,8 @@ def test_a_draw_whose_constrained_value_overflows_is_not_finite():
 
     guide = UHAGuide(model, K=2, warm_start_steps=0)
     svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
-    params = svi.get_params(svi.init(jax.random.PRNGKey(0)))
+    with pytest.warns(UHAImproperPosteriorWarning, match="'s'"):  # named at setup too
+        params = svi.get_params(svi.init(jax.random.PRNGKey(0)))
     far = dict(params, auto_loc=jnp.full_like(params["auto_loc"], 100.0))
     draws = guide.sample_posterior_with_log_weights(KEY, far, sample_shape=(50,), nonfinite="keep")
     assert np.all(np.isfinite(np.asarray(draws.log_weights)))

@@ -70,8 +70,10 @@ from numpyro_uha._precondition import (
     _scale_corr_inverse,
 )
 from numpyro_uha._weights import (
+    SHIFT_BAD,
     WeightSummary,
     _warn_poor_fit,
+    biased_coordinates,
     summary_from_values,
     summary_khat,
     summary_largest,
@@ -2281,6 +2283,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     math.sqrt(summary.var / summary.num_finite), summary.num_finite,
                     num_draws, f"UHAGuide.{warn_as}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
                 )
+                self._warn_if_draws_biased(
+                    log_weights, finite, latent, summary, num_draws, warn_as
+                )
             if bad:
                 finite = np.asarray(finite)
                 data = self._nonfinite_data_sites(args, kwargs)
@@ -2297,6 +2302,47 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         return WeightedDraws(*jax.tree.map(
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))
+
+    def _warn_if_draws_biased(self, log_weights, finite, latent, summary, num_draws, warn_as):
+        """Warn (:class:`~numpyro_uha.UHAFitWarning`) where the importance weights move a
+        latent coordinate's mean by more than ``SHIFT_BAD`` of its sd and by more than
+        ``SHIFT_SE_BAD`` standard errors (:func:`~numpyro_uha._weights.biased_coordinates`):
+        the draws themselves are off there, although k̂ may say the weighted estimates are
+        fine. Skipped where the log weights are too even to move any mean that far."""
+        if summary.num_finite < KHAT_MIN_DRAWS:
+            return
+        # log weights within asinh(SHIFT_BAD) nats of each other bound every shift by
+        # SHIFT_BAD (the normalized weights n w̃ then lie in [1/R, R], R − 1/R ≤ 2 SHIFT_BAD)
+        if summary.high - summary.low <= math.asinh(SHIFT_BAD):
+            return
+        shift, se, bad = biased_coordinates(log_weights, finite, latent)
+        if bad.size == 0:
+            return
+        index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
+        owner, where = {}, {}
+        for name, positions in index.items():
+            positions = np.rint(np.asarray(positions)).astype(int)
+            for at, i in np.ndenumerate(positions):
+                owner[int(i)] = self._model_site(name)
+                where[int(i)] = f"{owner[int(i)]!r}" + (
+                    f" at {at[0] if len(at) == 1 else at}" if at else ""
+                )
+        order = bad[np.argsort(-np.abs(shift[bad]))]
+        sites = list(dict.fromkeys(owner.get(int(i), "?") for i in order))
+        worst = int(order[0])
+        warnings.warn(
+            f"UHAGuide.{warn_as}: the importance weights move the mean of site(s) "
+            f"{sites[:6]}{' …' if len(sites) > 6 else ''} by more than {SHIFT_BAD:g} of "
+            f"its sd (most: {where.get(worst, '?')}, by {shift[worst]:+.2f} ± "
+            f"{se[worst]:.2f} sds, in the unconstrained coordinates), beyond the weights' "
+            "noise: the draws are biased there. Moments from the weights "
+            "(numpyro_uha.evaluation.weighted_moments on sample_posterior_with_log_weights' "
+            "draws) or importance-resampled draws (importance_resample; to_inference_data "
+            "resamples by default) correct for it while Pareto k̂ < 0.7; training longer or "
+            "a larger K brings the draws themselves closer.",
+            UHAFitWarning,
+            stacklevel=4,
+        )
 
     def warn_if_worse_than_start(self, log_weights, *, model_args=None, stacklevel=2) -> bool:
         """Warn (:class:`~numpyro_uha.UHAFitWarning`) when UHA's bound is worse than q's.

@@ -70,6 +70,7 @@ from numpyro_uha._precondition import (
     _scale_corr_inverse,
 )
 from numpyro_uha._weights import (
+    KHAT_BAD,
     SHIFT_BAD,
     WeightSummary,
     _warn_poor_fit,
@@ -2278,14 +2279,13 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             if start is not None:
                 self._warn_if_worse(summary, start, stacklevel=3, log_weights=log_weights)
             if judge and summary.num_finite >= 2:
+                khat = summary_khat(summary, num_draws)
                 _warn_poor_fit(
-                    summary_khat(summary, num_draws),
-                    math.sqrt(summary.var / summary.num_finite), summary.num_finite,
+                    khat, math.sqrt(summary.var / summary.num_finite), summary.num_finite,
                     num_draws, f"UHAGuide.{warn_as}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
                 )
-                self._warn_if_draws_biased(
-                    log_weights, finite, latent, summary, num_draws, warn_as
-                )
+                if not khat >= KHAT_BAD:  # else the weights cannot say by how much
+                    self._warn_if_draws_biased(log_weights, finite, latent, summary, warn_as)
             if bad:
                 finite = np.asarray(finite)
                 data = self._nonfinite_data_sites(args, kwargs)
@@ -2303,12 +2303,13 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))
 
-    def _warn_if_draws_biased(self, log_weights, finite, latent, summary, num_draws, warn_as):
+    def _warn_if_draws_biased(self, log_weights, finite, latent, summary, warn_as):
         """Warn (:class:`~numpyro_uha.UHAFitWarning`) where the importance weights move a
         latent coordinate's mean by more than ``SHIFT_BAD`` of its sd and by more than
         ``SHIFT_SE_BAD`` standard errors (:func:`~numpyro_uha._weights.biased_coordinates`):
-        the draws themselves are off there, although k̂ may say the weighted estimates are
-        fine. Skipped where the log weights are too even to move any mean that far."""
+        the draws themselves are off there, although k̂ (< 0.7: checked only then, where
+        the weighted estimates can be trusted) says the weighted estimates are fine.
+        Skipped where the log weights are too even to move any mean that far."""
         if summary.num_finite < KHAT_MIN_DRAWS:
             return
         # log weights within asinh(SHIFT_BAD) nats of each other bound every shift by

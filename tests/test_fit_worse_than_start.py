@@ -160,6 +160,29 @@ def test_the_data_comparison_follows_data_changed_in_place_or_replaced(fitted):
     assert not guide.warn_if_worse_than_start(low, model_args=((host,), {}))
 
 
+def test_heavy_tailed_weights_leave_out_the_draws_bias_check(fitted):
+    """q shrunk to 0.3 of its sds and moved 2 sds: k̂ ≥ 0.7, and the weights would call
+    mu's draws biased (they did with the check run at any k̂), but weights that heavy
+    cannot say by how much: only the k̂ warning speaks."""
+    from numpyro_uha.evaluation import psis_khat
+
+    guide, params = fitted
+    sd = _marginal_std(params["auto_scale_tril"])
+    off = dict(
+        params, auto_scale_tril=0.3 * params["auto_scale_tril"],
+        auto_loc=params["auto_loc"].at[0].add(2 * sd[0]),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(1), off, cm.Y, sample_shape=(2000,)
+        )
+    assert psis_khat(draws.log_weights) >= 0.7
+    fit = [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
+    assert any("Pareto k̂" in m for m in fit), fit
+    assert not [m for m in fit if "the draws are biased" in m], fit
+
+
 def test_heavy_tailed_weights_warn_from_sample_posterior(fitted):
     """q shrunk to 0.3 of its sds: the weights of a too-narrow proposal are heavy-tailed
     (for a Gaussian, tail index 1 - 0.3² ≈ 0.9), and sample_posterior says so by PSIS k̂,

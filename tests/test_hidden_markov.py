@@ -177,15 +177,18 @@ def test_the_draws_leave_out_the_states_and_what_depends_on_them(fitted):
     np.testing.assert_allclose(draws["double_shift"], 2 * draws["shift"], rtol=1e-6)
 
 
-def test_trace_enum_elbo_is_refused_on_a_scanned_chain(fitted):
-    """NumPyro's enumerated scan does not replay the guide's draws of the states."""
-    guide, params = fitted
+def test_trace_enum_elbo_is_refused_on_a_scanned_chain(set_up):
+    """NumPyro's enumerated scan does not replay the guide's draws of the states. (At
+    the set-up params: the refusal does not depend on training.)"""
+    guide, svi, state, _ = set_up
+    params = svi.get_params(state)
     with pytest.raises(ValueError, match=r"TraceEnum_ELBO cannot train.*\['c'\].*scan"):
         TraceEnum_ELBO().loss(jax.random.PRNGKey(0), params, scanned_chain, guide, Y)
 
 
-def test_predictive_warns_that_the_states_are_prior_draws(fitted):
-    guide, params = fitted
+def test_predictive_warns_that_the_states_are_prior_draws(set_up):
+    guide, svi, state, _ = set_up
+    params = svi.get_params(state)
     with pytest.warns(UserWarning, match=r"in Predictive, the discrete latent site\(s\) \['c'\]"):
         out = Predictive(scanned_chain, guide=guide, params=params, num_samples=3)(
             jax.random.PRNGKey(4), Y

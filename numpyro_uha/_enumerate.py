@@ -274,9 +274,14 @@ def sampler_problem(draw, inputs, names):
     NumPyro's ``infer_discrete`` raises (e.g. discrete sites inside
     ``numpyro.contrib.control_flow.scan``), or its program needs an array too large to
     hold (a chain of dependent discrete sites). Traced only (``jax.make_jaxpr``): nothing
-    is compiled or allocated."""
+    is compiled or allocated. Warnings are not failures here: the trace runs with them
+    ignored, so a filter that turns one into an error (``-W error``; NumPyro's
+    ``infer_discrete`` warns of float64 requests on some models) does not change which
+    sites are drawn (the draws themselves still warn)."""
     try:
-        jaxpr = jax.make_jaxpr(draw)(*inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            jaxpr = jax.make_jaxpr(draw)(*inputs)
     except Exception as err:  # noqa: BLE001 - reported by the caller, with the cause
         why = f"NumPyro's infer_discrete fails on it ({type(err).__name__}: {err})"
         masked = [n for n in names if n.endswith("_unobserved")]

@@ -115,6 +115,16 @@ def enumeration_failed(names, err, scoped=()) -> str:
     """The message for a model that raised when run with its discrete sites ``names``
     enumerated (NumPyro's NUTS raises the same). ``scoped``: the prefixes of the
     ``scope`` handlers that rename the model's plates, which enumeration cannot follow."""
+    if enumeration_failed_inside(err):
+        return (
+            f"UHAGuide: NumPyro's enumeration failed inside NumPyro ({type(err).__name__} "
+            f"{str(err)!r} raised in {enumeration_failed_inside(err)}) when the model "
+            f"ran with its discrete latent site(s) {list(names)[:6]} enumerated, as "
+            "NumPyro's NUTS and TraceEnum_ELBO run it, which fail on it the same way. One "
+            "known trigger: a continuous latent sampled inside "
+            "numpyro.contrib.control_flow.scan beside an enumerated site; sample it once "
+            "outside the scan (or stack per-step values drawn outside it)."
+        )
     if scoped:
         return (
             f"UHAGuide: the model raised {type(err).__name__}: {err} -- when run with its "
@@ -133,6 +143,21 @@ def enumeration_failed(names, err, scoped=()) -> str:
         "depend on a discrete site), and indexing that keeps leading dimensions (x[..., i]"
         " rather than x[i]; Vindex from numpyro.contrib.indexing)."
     )
+
+
+def enumeration_failed_inside(err) -> str:
+    """``file:line`` of the innermost frame of ``err``'s traceback where it lies in NumPyro's
+    enumeration code (``numpyro/contrib/funsor``), on an ``AssertionError`` (an internal
+    check failing, not a message for the user); ``""`` otherwise."""
+    if not isinstance(err, AssertionError):
+        return ""
+    import traceback
+
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        path = frame.filename.replace("\\", "/")
+        if "numpyro/contrib/funsor/" in path:
+            return f"numpyro/contrib/funsor/{path.rsplit('numpyro/contrib/funsor/', 1)[1]}:{frame.lineno}"
+    return ""
 
 
 def plate_nesting(model_trace) -> int:

@@ -777,8 +777,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             if "valid initial parameters" not in str(err):
                 raise
             raise ValueError(self._describe_bad_initial_point(args, kwargs)) from err
-        except (ValueError, TypeError, IndexError) as err:
-            if not self._discrete:
+        except (ValueError, TypeError, IndexError, AssertionError) as err:
+            if not self._discrete or (
+                isinstance(err, AssertionError) and not _enumerate.enumeration_failed_inside(err)
+            ):
                 raise
             # the model failed only when its discrete sites were enumerated
             scoped = _enumerate.scopes_renaming_plates(self._user_model, args, kwargs)

@@ -197,6 +197,35 @@ def test_discrete_sites_it_cannot_draw_exactly_are_drawn_from_their_prior_with_a
         numpyro.handlers.seed(guide, 0)(y)
 
 
+def continuous_latent_in_scan_beside_a_discrete_one(y):
+    """A continuous latent drawn at every step of a ``scan`` beside an enumerated state
+    (NumPyro's capture-recapture example, model_2): NumPyro's enumeration fails on it with
+    a bare AssertionError, in NUTS too."""
+    from numpyro.contrib.control_flow import scan
+
+    def step(z, y_t):
+        phi = numpyro.sample("phi", dist.Uniform(0.0, 1.0))
+        with numpyro.plate("animals", y.shape[0], dim=-1):
+            z = numpyro.sample("z", dist.Bernoulli(phi * z + 0.05),
+                               infer={"enumerate": "parallel"})
+            numpyro.sample("y", dist.Bernoulli(0.9 * z + 0.05), obs=y_t)
+        return z, None
+
+    scan(step, jnp.ones(y.shape[0], jnp.int32), y.T)
+
+
+def test_an_assertion_inside_numpyros_enumeration_is_named_as_numpyros():
+    y = jnp.ones((4, 3))
+    guide = UHAGuide(continuous_latent_in_scan_beside_a_discrete_one, K=2, warm_start_steps=0)
+    with pytest.raises(ValueError) as raised:
+        numpyro.handlers.seed(guide, 0)(y)
+    message = str(raised.value)
+    assert "NumPyro's enumeration failed inside NumPyro (AssertionError" in message
+    assert "numpyro/contrib/funsor/" in message and "['z']" in message
+    assert "inside numpyro.contrib.control_flow.scan" in message
+    assert isinstance(raised.value.__cause__, AssertionError)
+
+
 def test_a_warning_raised_as_an_error_does_not_change_which_sites_are_drawn(monkeypatch):
     """NumPyro's infer_discrete warns on some models (float64 requests on the annotation
     example's MACE model); with that warning turned into an error (``-W error``) the

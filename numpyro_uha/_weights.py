@@ -304,39 +304,58 @@ SHIFT_BAD = 0.25
 SHIFT_SE_BAD = 4.0
 
 
-@jax.jit
-def _weighted_shift(log_weights, finite, latent):
+#: up to this many latent values (draws × coordinates) the draws' bias check runs in
+#: NumPy on a copy (a few MB at most), not in a program compiled for each new shape
+SHIFT_HOST_MAX = 2**20
+
+
+def weighted_shift(log_weights, finite, latent, xp=jnp):
     """Per latent coordinate, ``(shift, se)``: the self-normalized importance-weighted
     mean of the ``finite`` draws minus their plain mean, in units of the draws' sd, and
     its Monte Carlo standard error (by the delta method: the two means' influence
     functions w̃_i (z_i − weighted mean) and (z_i − plain mean) / n differ draw by draw,
     and the difference's variance is the sum of their squares), in the same sd units: the
     significance of the difference (the sd, itself random, is only the scale). NaN where
-    a coordinate does not vary. By Cauchy–Schwarz ``|shift| ≤ sqrt(n / ESS − 1)``."""
-    lw = jnp.ravel(log_weights)
-    ok = jnp.ravel(finite)
-    z = jnp.reshape(latent, (lw.shape[0], -1))
-    z = jnp.where(ok[:, None], z, 0.0)
-    n = jnp.maximum(jnp.sum(ok), 2)
-    w = jax.nn.softmax(jnp.where(ok, lw, -jnp.inf))
-    u = jnp.where(ok, 1.0, 0.0) / n
+    a coordinate does not vary. By Cauchy–Schwarz ``|shift| ≤ sqrt(n / ESS − 1)``.
+    ``xp``: ``jax.numpy`` (traceable; :func:`_weighted_shift` is it jitted) or ``numpy``."""
+    lw = xp.ravel(log_weights)
+    ok = xp.ravel(finite)
+    z = xp.reshape(latent, (lw.shape[0], -1))
+    z = xp.where(ok[:, None], z, 0.0)
+    n = xp.maximum(xp.sum(ok), 2)
+    lw = xp.where(ok, lw, -xp.inf)
+    w = xp.exp(lw - xp.max(lw))
+    w = w / xp.sum(w)
+    u = xp.where(ok, 1.0, 0.0) / n
     plain = u @ z
-    sd = jnp.sqrt(u @ jnp.square(z - plain) * n / (n - 1))
+    sd = xp.sqrt(u @ xp.square(z - plain) * n / (n - 1))
     weighted = w @ z
     shift = (weighted - plain) / sd
     # the two means' influence functions, draw by draw (delta method): their difference's
     # variance is the sum of squares of the draws' differences
     influence = w[:, None] * (z - weighted) - u[:, None] * (z - plain)
-    se = jnp.sqrt(jnp.sum(jnp.square(jnp.where(ok[:, None], influence, 0.0)), axis=0)) / sd
+    se = xp.sqrt(xp.sum(xp.square(xp.where(ok[:, None], influence, 0.0)), axis=0)) / sd
     return shift, se
 
 
+_weighted_shift = jax.jit(weighted_shift)
+
+
 def biased_coordinates(log_weights, finite, latent):
-    """``(shift, se)`` (host arrays, see :func:`_weighted_shift`) and the coordinates
+    """``(shift, se)`` (host arrays, see :func:`weighted_shift`; in NumPy up to
+    ``SHIFT_HOST_MAX`` latent values, on the device above) and the coordinates
     whose mean the weights move by more than ``SHIFT_BAD`` sds and ``SHIFT_SE_BAD``
     standard errors: there the unweighted draws are off the weighted (self-normalized)
     estimate by more than its noise."""
-    shift, se = jax.device_get(_weighted_shift(log_weights, finite, latent))
+    if np.size(latent) <= SHIFT_HOST_MAX:
+        log_weights, finite, latent = jax.device_get((log_weights, finite, latent))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            shift, se = weighted_shift(
+                np.asarray(log_weights, np.float64), np.asarray(finite, bool),
+                np.asarray(latent, np.float64), xp=np,
+            )
+    else:
+        shift, se = jax.device_get(_weighted_shift(log_weights, finite, latent))
     with np.errstate(invalid="ignore"):
         bad = (np.abs(shift) > SHIFT_BAD) & (np.abs(shift) > SHIFT_SE_BAD * se)
     return shift, se, np.flatnonzero(bad)

@@ -1119,11 +1119,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             more = f", … ({len(where)} in all)" if len(where) > 8 else ""
             what = f"at positions {shown}{more}" if flat.ndim else ""
             parts.append(f"{self._model_site(name)!r} {what}".rstrip())
-        unbounded = masks[-1] is getattr(self, "_flat_in_value", None) and masks[-1].any()
+        in_value = getattr(self, "_flat_in_value", None)
         support = (
             "; for a flat prior on an unbounded support such as positive: apart from the "
             "log |det J| of the map to that support, so flat in the site's own value"
-            if unbounded else ""
+            if in_value is not None and in_value.any() else ""
         )
         warnings.warn(
             "UHAGuide: the model's log density does not depend on latent site(s) "

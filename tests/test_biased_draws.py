@@ -12,7 +12,7 @@ import pytest
 
 import conjugate_model as cm
 from numpyro_uha import UHAFitWarning
-from numpyro_uha._weights import SHIFT_BAD, _weighted_shift
+from numpyro_uha._weights import SHIFT_BAD, _weighted_shift, weighted_shift
 from numpyro_uha.guide import _marginal_std
 
 
@@ -54,6 +54,21 @@ def test_nonfinite_draws_are_left_out():
     kept = _weighted_shift(log_w[:400], jnp.ones(400, bool), z[:400])
     np.testing.assert_allclose(shift, kept[0], rtol=1e-5)
     np.testing.assert_allclose(se, kept[1], rtol=1e-5)
+
+
+def test_numpy_computes_what_the_device_program_does():
+    """Up to SHIFT_HOST_MAX values the check runs in NumPy (no program per shape): the
+    same numbers as the jitted program, non-finite draws left out alike."""
+    log_w, z = _gaussian_draws(jax.random.PRNGKey(2), 700, 0.8)
+    finite = jnp.arange(700) % 7 != 3
+    log_w = jnp.where(finite, log_w, jnp.nan)
+    on_device = _weighted_shift(log_w, finite, z)
+    with np.errstate(invalid="ignore"):
+        on_host = weighted_shift(
+            np.asarray(log_w, np.float64), np.asarray(finite), np.asarray(z, np.float64), xp=np
+        )
+    np.testing.assert_allclose(on_host[0], on_device[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(on_host[1], on_device[1], rtol=1e-4)
 
 
 @pytest.fixture(scope="module")

@@ -115,10 +115,11 @@ def enumeration_failed(names, err, scoped=()) -> str:
     """The message for a model that raised when run with its discrete sites ``names``
     enumerated (NumPyro's NUTS raises the same). ``scoped``: the prefixes of the
     ``scope`` handlers that rename the model's plates, which enumeration cannot follow."""
-    if enumeration_failed_inside(err):
+    inside = enumeration_failed_inside(err)
+    if inside:
         return (
             f"UHAGuide: NumPyro's enumeration failed inside NumPyro ({type(err).__name__} "
-            f"{str(err)!r} raised in {enumeration_failed_inside(err)}) when the model "
+            f"{str(err)!r} raised in {inside}) when the model "
             f"ran with its discrete latent site(s) {list(names)[:6]} enumerated, as "
             "NumPyro's NUTS and TraceEnum_ELBO run it, which fail on it the same way. One "
             "known trigger: a continuous latent sampled inside "

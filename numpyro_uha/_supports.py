@@ -78,15 +78,14 @@ def flat_on_unbounded_support(trace) -> list:
     posterior is flat in the site's own value over an unbounded set: improper, though in
     the unconstrained coordinates the density is the transform's Jacobian, not flat."""
     from numpyro.distributions import ImproperUniform
-    from numpyro.distributions.distribution import ExpandedDistribution, Independent
+
+    from numpyro_uha._decenter import _unwrap
 
     names = []
     for name, site in trace.items():
         if site["type"] != "sample" or site["is_observed"] or site.get("mask") is not None:
             continue
-        fn = site["fn"]
-        while isinstance(fn, (ExpandedDistribution, Independent)):
-            fn = fn.base_dist
+        fn = _unwrap(site["fn"])
         support = fn.support
         while isinstance(support, constraints._IndependentConstraint):
             support = support.base_constraint

@@ -1505,12 +1505,20 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         masked = masked_out_entries(self.prototype_trace)
         if not masked:
             return {}
-        args, kwargs = _merge_static(arrays, spec)
-        oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params, probe=True))
-        init_scale = np.full(self.latent_dim, self._init_scale, np.dtype(init_loc.dtype))
-        flat, _ = _probe_near_q(oracle, init_loc, init_scale, MASK_PROBE_ROWS)
+        flat = self._flat_at_init(init_loc, arrays, spec, model_params, probe=True)
         index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
         return completable(masked, flat, index)
+
+    def _flat_at_init(self, init_loc, arrays, spec, model_params, **target):
+        """The coordinates along which the target ``_make_logdensity(..., **target)`` is
+        constant at NumPyro's initial point and at draws around it (q's initial scale;
+        :func:`_probe_near_q`'s ``flat``, ``None`` if it cannot tell): one compiled call
+        of its value and gradient, for the setup's probes before the warm start."""
+        args, kwargs = _merge_static(arrays, spec)
+        oracle = rows_oracle(self._make_logdensity(args, kwargs, model_params, **target))
+        init_scale = np.full(self.latent_dim, self._init_scale, np.dtype(init_loc.dtype))
+        flat, _ = _probe_near_q(oracle, init_loc, init_scale, MASK_PROBE_ROWS)
+        return flat
 
     def _flat_in_own_value(self, init_loc, arrays, spec, model_params):
         """The coordinates of the latent sites with an improper flat prior on an
@@ -1523,12 +1531,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         names = _supports.flat_on_unbounded_support(self.prototype_trace)
         if not names:
             return None
-        args, kwargs = _merge_static(arrays, spec)
-        oracle = rows_oracle(
-            self._make_logdensity(args, kwargs, model_params, without_jacobian=names)
-        )
-        init_scale = np.full(self.latent_dim, self._init_scale, np.dtype(init_loc.dtype))
-        flat, _ = _probe_near_q(oracle, init_loc, init_scale, MASK_PROBE_ROWS)
+        flat = self._flat_at_init(init_loc, arrays, spec, model_params, without_jacobian=names)
         if flat is None:
             return None
         index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))

@@ -1,19 +1,15 @@
 """The draws' check against their own weights: where the self-normalized importance
 weights move a latent coordinate's mean by more than ``SHIFT_BAD`` sds and by more than
 ``SHIFT_SE_BAD`` standard errors, ``sample_posterior`` says the draws are biased there
-(k̂ can be fine: the weighted estimates correct what the draws miss)."""
-
-import warnings
+(k̂ can be fine: the weighted estimates correct what the draws miss). The check on a
+fitted guide is in test_fit_worse_than_start.py, beside the other fit warnings (one fit
+for the module)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
-import conjugate_model as cm
-from numpyro_uha import UHAFitWarning
-from numpyro_uha._weights import SHIFT_BAD, _weighted_shift, weighted_shift
-from numpyro_uha.guide import _marginal_std
+from numpyro_uha._weights import _weighted_shift, weighted_shift
 
 
 def _gaussian_draws(key, n, offset):
@@ -69,26 +65,3 @@ def test_numpy_computes_what_the_device_program_does():
         )
     np.testing.assert_allclose(on_host[0], on_device[0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(on_host[1], on_device[1], rtol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def fitted():
-    return cm.fit_guide()
-
-
-def test_draws_the_weights_move_are_called_biased(fitted):
-    """q's mean of mu[0] moved 0.6 of its sd off the fitted one: K = 4 steps bring the
-    draws only part of the way back, the weights the rest (0.46 ± 0.03 sds); q's ELBO is
-    barely worse, so no other check speaks. The fitted params themselves: no warning
-    (test_fit_worse_than_start.py::test_trained_guide_does_not_warn)."""
-    guide, params = fitted
-    sd = _marginal_std(params["auto_scale_tril"])
-    moved = dict(params, auto_loc=params["auto_loc"].at[0].add(0.6 * sd[0]))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        guide.sample_posterior(jax.random.PRNGKey(1), moved, cm.Y, sample_shape=(1000,))
-    (warning,) = [w for w in caught if issubclass(w.category, UHAFitWarning)]
-    message = str(warning.message)
-    assert "the draws are biased there" in message
-    assert "site(s) ['mu']" in message and "most: 'mu' at 0, by -0." in message
-    assert f"more than {SHIFT_BAD:g}" in message

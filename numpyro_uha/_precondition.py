@@ -45,6 +45,8 @@ from numpyro.distributions.transforms import (
     biject_to,
 )
 
+from numpyro_uha.core.warm_start import small_jit
+
 __all__ = ["CORRELATION_UNIT", "StandardizedReal", "StandardizedPositive", "StandardizedCholesky"]
 
 #: A full-rank q's correlation coordinates are ``CORRELATION_UNIT`` times the optimizer's
@@ -125,7 +127,8 @@ class _ScaleCorrCholeskyTransform(Transform):
     def _inverse(self, y):
         # one compiled program: run eagerly (SVI.init inverts the initial value) its
         # operations would each be compiled on their own (~1 s on two CPU cores)
-        return _scale_corr_inverse(y, self.scale)
+        traced = any(isinstance(x, jax.core.Tracer) for x in (y, self.scale))
+        return _scale_corr_inverse(y, self.scale, host=not traced)
 
     def log_abs_det_jacobian(self, x, y, intermediates=None):
         raise NotImplementedError(
@@ -143,7 +146,7 @@ class _ScaleCorrCholeskyTransform(Transform):
         return (self.scale,), (("scale",), dict())
 
 
-@jax.jit
+@small_jit()  # compiled once per machine (see core/executables.py)
 def _scale_corr_inverse(y, scale):
     sds = jnp.sqrt(jnp.sum(y**2, axis=-1))
     u_c = CorrCholeskyTransform().inv(y / sds[..., :, None])

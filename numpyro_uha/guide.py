@@ -1185,10 +1185,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         )
 
         def rehearsal(oracle):
-            loc = jnp.zeros(dim, dtype)
+            loc = np.zeros(dim, dtype)  # stand-ins built by NumPy: no eager programs
             key = jax.random.PRNGKey(0)
             if kind == "warm_start":
-                scale = jnp.asarray(1.0, dtype)  # the fallback scale
+                scale = np.asarray(1.0, dtype)  # the fallback scale
             else:  # a fitted q's scale
                 scale = jnp.eye(dim, dtype=dtype) if full_rank else jnp.ones(dim, dtype)
             out, lam = self._setup_numerics(
@@ -1199,7 +1199,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 _all_finite((loc, scale), host=True)
             start = _start_arrays(loc, scale, lam, self.K + 1, host=True)
             if full_rank:  # the Cholesky parameter's inverse transform (svi.init's)
-                _scale_corr_inverse(scale, start["stability_scale"])
+                _scale_corr_inverse(scale, start["stability_scale"], host=True)
             return start, _q_draw(key, loc, scale, host=True)  # the setup call's draw
 
         return precompile(

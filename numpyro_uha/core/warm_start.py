@@ -66,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from numpyro_uha.core import executables
 from numpyro_uha.core.gaussian import gaussian_logpdf, gaussian_sample
 from numpyro_uha.core.vi import _raw_to_scale, _scale_to_raw
 
@@ -220,7 +221,9 @@ def small_jit(static_argnums=()):
 
         @wraps(fn)
         def call(*args, host):
-            if host is False:
+            if host is False or any(
+                isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(args)
+            ):  # traced (in a lax loop, or under the caller's transform): inlined
                 return fn(*args)
             device = None if host is True else host
             platform = jax.default_backend() if device is None else device.platform
@@ -233,9 +236,30 @@ def small_jit(static_argnums=()):
                         )
             if device is not None:
                 args = _on_device(args, static_argnums, device)
+            else:
+                folder = executables.active(platform)
+                if folder is not None:  # compiled once per machine (executables.py)
+                    return _cached_call(compiled[platform], args, folder, platform)
             return compiled[platform](*args)
 
         call.small_jit = True  # a model-free step (precompile's tests find them by it)
+        call.executables = {}  # (static args, tree, avals) -> executable, in this process
+
+        def _cached_call(jitted, args, folder, platform):
+            static = tuple(args[i] for i in static_argnums)
+            dynamic = tuple(a for i, a in enumerate(args) if i not in static_argnums)
+            leaves, tree = jax.tree.flatten(dynamic)
+            signature = (platform, static, tree, tuple(
+                (aval.shape, aval.dtype, aval.weak_type) for aval in map(jax.typeof, leaves)
+            ))
+            executable = call.executables.get(signature)
+            if executable is None:
+                executable = executables.load_or_compile(
+                    jitted, args, folder, quick_compiler_options(platform)
+                )
+                call.executables[signature] = executable
+            return executable(*dynamic)
+
         return call
 
     return decorate
@@ -363,8 +387,9 @@ def hessian_matrix(
     oracle, host = resolve_oracle(logdensity_fn, oracle, z)
     dim = z.shape[-1]
     num = -(-dim // rows)
-    hessian = jnp.zeros((num * rows, dim), z.dtype)
-    carry = _hessian_step(hessian, jnp.zeros((rows, dim), z.dtype), np.int32(-1), z, rows, host=host)
+    xp = jnp if host is False else np  # constants built by NumPy: no eager programs
+    hessian = xp.zeros((num * rows, dim), z.dtype)
+    carry = _hessian_step(hessian, xp.zeros((rows, dim), z.dtype), np.int32(-1), z, rows, host=host)
 
     def body(c, carry):
         hessian, zs, vs = carry
@@ -421,12 +446,13 @@ def curvature_scale(
     Hessian-vector products on unit vectors, ``rows`` at a time."""
     oracle, host = resolve_oracle(logdensity_fn, oracle, z, fallback)
     dim = z.shape[-1]
-    fallback = jnp.broadcast_to(jnp.asarray(fallback, z.dtype), (dim,))
+    xp = jnp if host is False else np  # constants built by NumPy: no eager programs
+    fallback = xp.broadcast_to(xp.asarray(fallback, z.dtype), (dim,))
     if dim > MAX_CURVATURE_DIM:
-        return fallback
+        return jnp.asarray(fallback)
     num = -(-dim // rows)
-    diag = jnp.zeros(num * rows, z.dtype)
-    diag, zs, vs = _curvature_step(diag, jnp.zeros((rows, dim), z.dtype), np.int32(-1), z, rows, host=host)
+    diag = xp.zeros(num * rows, z.dtype)
+    diag, zs, vs = _curvature_step(diag, xp.zeros((rows, dim), z.dtype), np.int32(-1), z, rows, host=host)
 
     def body(c, carry):
         diag, zs, vs = carry
@@ -446,6 +472,15 @@ def _power_step(v, hv, scale):
     return v, norm, scale * v
 
 
+@small_jit()
+def _power_begin(z, scale):
+    """The rows ``z`` as a batch, and the power iteration's first carry (unit vectors,
+    norms, S v): one program, not an eager operation each."""
+    zs = jnp.atleast_2d(z)
+    v0 = jnp.ones_like(zs) / jnp.sqrt(zs.shape[-1])
+    return zs, (v0, jnp.zeros(zs.shape[0], zs.dtype), scale * v0)
+
+
 def max_curvature(
     logdensity_fn: Callable[[jax.Array], jax.Array] | None,
     z: jax.Array,
@@ -463,14 +498,13 @@ def max_curvature(
     only while ε · sqrt(λ_max(S H S)) < 2.
     """
     oracle, host = resolve_oracle(logdensity_fn, oracle, z, scale)
-    zs = jnp.atleast_2d(z)
-    v0 = jnp.ones_like(zs) / jnp.sqrt(zs.shape[-1])
+    zs, carry = _power_begin(z, scale, host=host)
 
     def body(_, carry):
         v, _, sv = carry
         return _power_step(v, oracle.hvp(zs, sv), scale, host=host)
 
-    _, lam, _ = _loop(host, num_iters, body, (v0, jnp.zeros(zs.shape[0], zs.dtype), scale * v0))
+    _, lam, _ = _loop(host, num_iters, body, carry)
     return lam if z.ndim == 2 else lam[0]
 
 
@@ -605,7 +639,11 @@ def find_mode(
             carry = body(carry)
     else:
         carry = jax.lax.while_loop(lambda c: c[0].ok, body, carry)
-    state = carry[0]
+    return _mode_result(carry[0], init, scale, host=host)
+
+
+@small_jit()
+def _mode_result(state, init, scale):
     return init + scale * state.u, -state.value
 
 
@@ -731,7 +769,8 @@ def oracle_log_weights(
     def body(c, values):
         return _put(values, oracle.value_and_grad(_take(chunks, c, host=host))[0], c, host=host)
 
-    values = _loop(host, num, body, jnp.zeros(num * rows, loc.dtype))
+    xp = jnp if host is False else np  # constants built by NumPy: no eager programs
+    values = _loop(host, num, body, xp.zeros(num * rows, loc.dtype))
     return _score_finish(values, zs, loc, scale, host=host)
 
 

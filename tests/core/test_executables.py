@@ -1,0 +1,152 @@
+"""The on-disk cache of the warm start's model-free executables (core/executables.py).
+
+A later process loads what an earlier one compiled, and computes exactly what it would
+have computed; the key separates programs (shapes, options, environment); a damaged file
+is compiled again, not trusted; the cache is off when asked, and stands aside when JAX's
+own persistent cache is on. The whole-guide checks run in fresh processes (a process
+keeps its executables in memory, so only a new one reads the disk) without the JAX cache
+the test suite turns on (tests/conftest.py).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from numpyro_uha.core import executables
+
+_CHILD = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np, numpyro, optax
+import numpyro.distributions as dist
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro_uha import UHAGuide
+from numpyro_uha.core import executables
+from numpyro_uha._precondition import _scale_corr_inverse
+
+def model(x, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    numpyro.sample("y", dist.Normal(x @ w, s), obs=y)
+
+x = np.linspace(-1.0, 1.0, 60).reshape(20, 3)
+y = x @ np.array([0.5, -1.0, 2.0]) + 0.3 * np.cos(np.arange(20.0))
+guide = UHAGuide(model, K=2, warm_start_steps=30)
+svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+params = svi.get_params(svi.init(jax.random.PRNGKey(0), x, y))
+# a cached step called under a JAX transform (the Cholesky parameter's inverse, traced)
+chol = np.linalg.cholesky(np.array([[2.0, 0.3], [0.3, 1.0]]))
+traced = jax.jit(lambda c: _scale_corr_inverse(c, jnp.ones(2), host=True))(chol)
+eager = _scale_corr_inverse(chol, jnp.ones(2), host=True)
+print("RESULT", json.dumps({
+    "params": {k: np.asarray(v).tolist() for k, v in params.items()},
+    "start_elbo": guide._start_elbo, "stats": executables.stats,
+    "traced": np.asarray(traced).tolist(), "eager": np.asarray(eager).tolist(),
+}))
+"""
+
+
+def _child(cache, jax_cache=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    if jax_cache is not None:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(jax_cache)
+    env["NUMPYRO_UHA_CACHE_DIR"] = str(cache)
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env,
+        timeout=600, check=False,
+    )
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(out.stderr[-3000:])
+
+
+def test_a_later_process_loads_the_steps_and_computes_the_same(tmp_path):
+    cache = tmp_path / "cache"
+    first = _child(cache)
+    files = sorted(p.name for p in cache.iterdir())
+    assert first["stats"]["loaded"] == 0 and first["stats"]["failed"] == 0
+    # every model-free step of the setup was compiled through the cache and written
+    assert first["stats"]["compiled"] >= 20 and len(files) == first["stats"]["compiled"]
+    second = _child(cache)
+    assert second["stats"] == {"compiled": 0, "loaded": first["stats"]["compiled"], "failed": 0}
+    assert sorted(p.name for p in cache.iterdir()) == files  # nothing new written
+    # the same start, bit for bit, and the same as with the cache off
+    off = _child("")
+    assert off["stats"] == {"compiled": 0, "loaded": 0, "failed": 0}
+    for other in (second, off):
+        assert other["start_elbo"] == first["start_elbo"]
+        assert other["params"] == first["params"]
+    # a cached step under jax.jit is traced into the caller's program, as jit's is
+    np.testing.assert_allclose(first["traced"], first["eager"], rtol=1e-6)
+
+
+def test_the_cache_stands_aside_when_jaxs_own_cache_is_on(tmp_path):
+    result = _child(tmp_path / "ours", jax_cache=tmp_path / "jax")
+    assert result["stats"] == {"compiled": 0, "loaded": 0, "failed": 0}
+    assert not (tmp_path / "ours").exists()
+
+
+def _step(x, n):
+    return jnp.cumsum(x[:n] ** 2) * 0.5
+
+
+def test_the_key_separates_programs_and_a_damaged_file_is_compiled_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(executables, "stats", {"compiled": 0, "loaded": 0, "failed": 0})
+    jitted = jax.jit(_step, static_argnums=(1,))
+    x3, x4 = jnp.arange(3.0), jnp.arange(4.0)
+
+    def run(x, n, options=None, fn=jitted):
+        exe = executables.load_or_compile(fn, (x, n), tmp_path, options)
+        return np.asarray(exe(x))
+
+    np.testing.assert_array_equal(run(x3, 2), _step(x3, 2))
+    np.testing.assert_array_equal(run(x4, 2), _step(x4, 2))  # another shape
+    np.testing.assert_array_equal(run(x4, 3), _step(x4, 3))  # another static argument
+    options = {"xla_backend_optimization_level": 0}
+    quick = jax.jit(_step, static_argnums=(1,), compiler_options=options)
+    np.testing.assert_array_equal(run(x4, 3, options, quick), _step(x4, 3))  # other options
+    assert executables.stats == {"compiled": 4, "loaded": 0, "failed": 0}
+    assert len(list(tmp_path.iterdir())) == 4
+    np.testing.assert_array_equal(run(x4, 3), _step(x4, 3))
+    assert executables.stats["loaded"] == 1
+    # another machine's or version's file is never read: the environment is in the key
+    here = executables._environment()
+    monkeypatch.setattr(executables, "_fingerprint", "jax 0.0.0 on another machine")
+    np.testing.assert_array_equal(run(x4, 3), _step(x4, 3))
+    assert executables.stats == {"compiled": 5, "loaded": 1, "failed": 0}
+    monkeypatch.setattr(executables, "_fingerprint", here)
+    # a damaged file: compiled again, the result right, the file replaced by a good one
+    for path in tmp_path.iterdir():
+        path.write_bytes(b"not an executable")
+    np.testing.assert_array_equal(run(x3, 2), _step(x3, 2))
+    assert executables.stats == {"compiled": 6, "loaded": 1, "failed": 1}
+    np.testing.assert_array_equal(run(x3, 2), _step(x3, 2))
+    assert executables.stats == {"compiled": 6, "loaded": 2, "failed": 1}
+
+
+def test_the_folder_is_chosen_by_environment_and_override(monkeypatch, tmp_path):
+    monkeypatch.setattr(executables, "_dir_override", executables._UNSET)
+    monkeypatch.setenv("NUMPYRO_UHA_CACHE_DIR", str(tmp_path))
+    assert executables.cache_dir() == tmp_path
+    monkeypatch.setenv("NUMPYRO_UHA_CACHE_DIR", "")
+    assert executables.cache_dir() is None
+    monkeypatch.delenv("NUMPYRO_UHA_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert executables.cache_dir() == tmp_path / "xdg" / "numpyro_uha" / "executables"
+    executables.set_cache_dir(None)
+    assert executables.cache_dir() is None
+    executables.set_cache_dir(tmp_path / "mine")
+    assert executables.cache_dir() == tmp_path / "mine"
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_other_backends_are_not_cached(platform):
+    assert executables.active(platform) is None

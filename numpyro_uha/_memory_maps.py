@@ -22,6 +22,8 @@ import warnings
 
 import jax
 
+from numpyro_uha.core import executables
+
 #: clear JAX's caches once a process holds this fraction of its mapping cap
 CLEAR_FRACTION = 0.5
 
@@ -58,6 +60,7 @@ def relieve(where: str, fraction: float = CLEAR_FRACTION) -> bool:
         return False
     count, cap = state
     jax.clear_caches()
+    executables.clear()  # the warm start's steps loaded from disk (core/executables.py)
     gc.collect()
     if not _warned:
         _warned = True

@@ -1107,10 +1107,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if not masks or not any(m.any() for m in masks):
             return
         mask = np.logical_or.reduce(masks)
-        index = self._unpack_latent(np.arange(mask.shape[0], dtype=np.float64))
         parts = []
-        for name, positions in index.items():
-            positions = np.rint(np.asarray(positions)).astype(int)
+        for name, positions in self._latent_positions().items():
             flat = mask[positions.reshape(-1)].reshape(positions.shape)
             if not flat.any():
                 continue
@@ -1497,6 +1495,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         there are none or before setup."""
         return {self._model_site(n): e.copy() for n, e in self._completion.items()}
 
+    def _latent_positions(self) -> dict:
+        """Each latent site's positions in the flat latent vector (integers, in the
+        site's unconstrained shape)."""
+        index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
+        return {name: np.rint(np.asarray(p)).astype(int) for name, p in index.items()}
+
     def _masked_flat_entries(self, init_loc, arrays, spec, model_params) -> dict:
         """The latent entries to complete (:func:`~numpyro_uha._masked.completable`):
         masked out in the prototype trace, and flat at NumPyro's initial point and at
@@ -1506,8 +1510,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if not masked:
             return {}
         flat = self._flat_at_init(init_loc, arrays, spec, model_params, probe=True)
-        index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
-        return completable(masked, flat, index)
+        return completable(masked, flat, self._latent_positions())
 
     def _flat_at_init(self, init_loc, arrays, spec, model_params, **target):
         """The coordinates along which the target ``_make_logdensity(..., **target)`` is
@@ -1534,10 +1537,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         flat = self._flat_at_init(init_loc, arrays, spec, model_params, without_jacobian=names)
         if flat is None:
             return None
-        index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
+        index = self._latent_positions()
         mask = np.zeros(self.latent_dim, bool)
         for name in names:
-            positions = np.rint(np.asarray(index[name])).astype(int).reshape(-1)
+            positions = index[name].reshape(-1)
             mask[positions] = flat[positions]
         return mask
 
@@ -1588,8 +1591,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if model_trace is None:
             model = self._conditioned_model(model_params)
             model_trace = self._trace_at_init(model, args, kwargs)
-        index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
-        return current_coordinates(self._completion, model_trace, index, self.latent_dim)
+        return current_coordinates(
+            self._completion, model_trace, self._latent_positions(), self.latent_dim
+        )
 
     def _check_same_latents(self, model, args, kwargs):
         """Raises where this call's latent sites differ from the setup's; returns the
@@ -2324,10 +2328,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         shift, se, bad = biased_coordinates(log_weights, finite, latent)
         if bad.size == 0:
             return
-        index = self._unpack_latent(np.arange(self.latent_dim, dtype=np.float64))
         owner, where = {}, {}
-        for name, positions in index.items():
-            positions = np.rint(np.asarray(positions)).astype(int)
+        for name, positions in self._latent_positions().items():
             for at, i in np.ndenumerate(positions):
                 owner[int(i)] = self._model_site(name)
                 where[int(i)] = f"{owner[int(i)]!r}" + (

@@ -20,6 +20,7 @@ from numpyro.infer import SVI, Trace_ELBO
 
 from numpyro_uha import UHAGuide, UHALocalGuide, UHAMemoryMapWarning
 from numpyro_uha import _memory_maps
+from numpyro_uha.core import executables
 
 
 @pytest.fixture
@@ -57,10 +58,12 @@ def test_below_the_fraction_nothing_is_cleared(counts):
 
 def test_past_the_fraction_caches_are_cleared_and_the_first_time_warned(counts):
     f = _compiled_program()
+    steps = executables.register({"a step's signature": "its executable"})
     counts["value"] = (501, 1000)
     with pytest.warns(UHAMemoryMapWarning, match=r"here: .*501 memory mappings.*jax.clear_caches"):
         assert _memory_maps.relieve("here")
     assert f._cache_size() == 0  # the program is compiled again when next called
+    assert steps == {}  # and the warm start's steps held in memory (core/executables.py)
     np.testing.assert_allclose(f(jnp.ones(3)), 3 * np.sin(1.0), rtol=1e-6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process

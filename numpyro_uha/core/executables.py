@@ -46,6 +46,20 @@ _UNSET = object()
 _dir_override = _UNSET
 _lock = threading.Lock()
 _fingerprint: str | None = None
+_tables: list = []
+
+
+def register(table: dict) -> dict:
+    """Keep ``table`` (a step's executables in this process) for :func:`clear`."""
+    _tables.append(table)
+    return table
+
+
+def clear() -> None:
+    """Drop the executables this process holds (they load again from disk when next
+    called): as :func:`jax.clear_caches` does for JAX's programs."""
+    for table in _tables:
+        table.clear()
 
 
 def set_cache_dir(path) -> None:

@@ -52,7 +52,9 @@ dtype and the options, so :func:`precompile` compiles them in a background threa
 rehearsing the same calls on a stand-in oracle, while the caller traces its model
 (``UHAGuide`` starts it before NumPyro's initialization); :func:`compile_in_background`
 compiles already-traced programs beside each other. XLA releases the
-GIL while it compiles, so on two cores most of that time overlaps.
+GIL while it compiles, so on two cores most of that time overlaps. And they are kept on
+disk (:mod:`numpyro_uha.core.executables`): a later process loads them instead of
+compiling them.
 """
 
 from __future__ import annotations
@@ -214,7 +216,10 @@ def small_jit(static_argnums=()):
     the same run time at these sizes). Called with ``host=False`` (loops traced into
     ``lax`` loops, under a JAX transform) the step is a plain function, inlined; with
     ``host`` a ``jax.Device`` (an oracle's ``step_device``) it runs on that device, its
-    array arguments copied there."""
+    array arguments copied there; called with traced arguments (under the caller's JAX
+    transform) it is inlined too. On JAX's default CPU device the executables go
+    through the on-disk cache of :mod:`numpyro_uha.core.executables`: compiled once per
+    machine, not once per process."""
 
     def decorate(fn):
         compiled = {}
@@ -243,7 +248,8 @@ def small_jit(static_argnums=()):
             return compiled[platform](*args)
 
         call.small_jit = True  # a model-free step (precompile's tests find them by it)
-        call.executables = {}  # (static args, tree, avals) -> executable, in this process
+        # (static args, tree, avals) -> executable, in this process
+        call.executables = executables.register({})
 
         def _cached_call(jitted, args, folder, platform):
             static = tuple(args[i] for i in static_argnums)

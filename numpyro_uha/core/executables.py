@@ -18,8 +18,8 @@ its key; a stale file is never read, only left behind.
 **Where.** ``$NUMPYRO_UHA_CACHE_DIR`` if set (an empty value turns the cache off), else
 ``$XDG_CACHE_HOME/numpyro_uha/executables`` (``~/.cache/numpyro_uha/executables``); or
 :func:`set_cache_dir`. It is safe to delete at any time. The cache is used on the CPU
-backend only (the only one it was tested on) and stands aside when JAX's own persistent
-compilation cache is on (``jax_compilation_cache_dir``), which then caches these steps
+backend only (the only one it was tested on), in a single process (not under
+``jax.distributed``), and stands aside when JAX's own persistent compilation cache is on (``jax_compilation_cache_dir``), which then caches these steps
 as it caches every program. A file that cannot be read, written or loaded is compiled
 instead: the cache never fails a run and never changes a result (a loaded executable is
 the same machine code as the compiled one).
@@ -82,10 +82,15 @@ def cache_dir() -> Path | None:
 
 def active(platform: str) -> Path | None:
     """The cache folder to use for a step compiled for ``platform`` on JAX's default
-    device, or ``None`` (off, another backend, or JAX's own persistent cache on)."""
-    if platform != "cpu" or jax.config.jax_compilation_cache_dir:
+    device, or ``None`` (off, another backend, JAX's own persistent cache on, or one of
+    several processes of ``jax.distributed``, whose programs span them all)."""
+    if platform != "cpu" or _jax_cache_on() or jax.process_count() > 1:
         return None
     return cache_dir()
+
+
+def _jax_cache_on() -> bool:
+    return bool(jax.config.jax_compilation_cache_dir)
 
 
 def _cpu_identity() -> str:

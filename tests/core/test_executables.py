@@ -150,3 +150,13 @@ def test_the_folder_is_chosen_by_environment_and_override(monkeypatch, tmp_path)
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_other_backends_are_not_cached(platform):
     assert executables.active(platform) is None
+
+
+def test_processes_of_jax_distributed_are_not_cached(monkeypatch, tmp_path):
+    # (a program of a multi-process run spans every process's devices: a loaded one
+    # failed there, "CopyArrays only supports destination device list of the same size")
+    monkeypatch.setattr(executables, "_dir_override", tmp_path)
+    monkeypatch.setattr(executables, "_jax_cache_on", lambda: False)  # as outside the tests
+    assert executables.active("cpu") == tmp_path
+    monkeypatch.setattr(executables.jax, "process_count", lambda: 2)
+    assert executables.active("cpu") is None

@@ -76,7 +76,12 @@ def cache_dir() -> Path | None:
     env = os.environ.get("NUMPYRO_UHA_CACHE_DIR")
     if env is not None:
         return Path(env).expanduser() if env.strip() else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        if home.startswith("~"):  # no home folder known: no cache (not one in the cwd)
+            return None
+        base = os.path.join(home, ".cache")
     return Path(base) / "numpyro_uha" / "executables"
 
 

@@ -141,6 +141,11 @@ def test_the_folder_is_chosen_by_environment_and_override(monkeypatch, tmp_path)
     monkeypatch.delenv("NUMPYRO_UHA_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert executables.cache_dir() == tmp_path / "xdg" / "numpyro_uha" / "executables"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert executables.cache_dir() == tmp_path / "home" / ".cache" / "numpyro_uha" / "executables"
+    monkeypatch.setattr(executables.os.path, "expanduser", lambda path: path)  # no home known
+    assert executables.cache_dir() is None
     executables.set_cache_dir(None)
     assert executables.cache_dir() is None
     executables.set_cache_dir(tmp_path / "mine")

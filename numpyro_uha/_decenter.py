@@ -218,16 +218,33 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
     qualifies when its distribution is a loc-scale family of real support, unmasked and
     unscaled (``scaled``: scaled ones too, e.g. a subsampled plate's N/B), and its loc or
     scale differs between the two traces. Validation is off at those points and a point
-    where the model raises is replaced by another (:func:`_two_traces`).
+    where the model raises is replaced by another (:func:`_two_traces`). With concrete
+    arguments the two traces are first compiled as one program whose outputs are only
+    the candidate sites' parameters (:func:`_compiled_comparison`); a model that cannot
+    be traced so (Python control flow on a latent's value, a raise at a probe point) is
+    probed point by point, op by op.
     """
+    leaves = jax.tree.leaves((args, kwargs))
+    if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        try:
+            return _compiled_comparison(model, args, kwargs, scaled)
+        except Exception:  # noqa: BLE001 - not traceable at once (Python control flow on
+            pass  # a value, a raise at a random point): the points one by one, as below
     # eagerly where the values are concrete, also under jax.jit (the latents' values
     # come from a fixed seed; only what the traced arguments feed stays traced)
     with jax.ensure_compile_time_eval():
         traces = _two_traces(model, args, kwargs)
     if traces is None:
         return []
-    first, second = traces
-    names = []
+    return [
+        name for name, pairs in _compared(*traces, scaled)
+        if any(_differ(a, b) for a, b in pairs)
+    ]
+
+
+def _compared(first, second, scaled):
+    """(name, [(its loc/scale in ``first``, in ``second``), ...]) for every latent site
+    of ``first`` that :func:`find_decenterable` may choose."""
     for name, site in first.items():
         if site["type"] != "sample" or site["is_observed"] or name not in second:
             continue
@@ -241,12 +258,39 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
         other = _unwrap(second[name]["fn"])
         if type(other) is not type(base):
             continue
-        moved = any(
-            _differ(getattr(base, key), getattr(other, key)) for key in _moving_parameters(base)
+        yield name, [(getattr(base, k), getattr(other, k)) for k in _moving_parameters(base)]
+
+
+def _compiled_comparison(model, args, kwargs, scaled):
+    """:func:`find_decenterable` at the first two probe points in one compiled program
+    (its outputs only the candidate sites' locs and scales): run op by op, the two traces
+    compiled each of the model's operations on its own (about 20 small programs, 1 to 2 s
+    on two CPU cores, most of them for sites no output needs). The arguments' arrays
+    enter as the program's inputs (not as constants). Raises where the model cannot be
+    traced at once (the caller then probes point by point)."""
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    arrays = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]
+    names = []
+
+    def both(values):
+        full = list(leaves)
+        for i, value in zip(arrays, values):
+            full[i] = value
+        call_args, call_kwargs = jax.tree.unflatten(tree, full)
+        first, second = (
+            _trace_at(model, call_args, call_kwargs, seed) for seed in PROBE_SEEDS[:2]
         )
-        if moved:
+        out = []
+        for name, pairs in _compared(first, second, scaled):
             names.append(name)
-    return names
+            out.append(pairs)
+        return out
+
+    compared = jax.jit(both)([leaves[i] for i in arrays])
+    return [
+        name for name, pairs in zip(names, compared)
+        if any(_differ(a, b) for a, b in pairs)
+    ]
 
 
 def real_loc_scale(fn):

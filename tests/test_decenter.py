@@ -567,3 +567,55 @@ def test_an_unscoped_decenter_name_points_to_the_scoped_site():
         svi_init(UHAGuide(model, K=2, warm_start_steps=0, decenter=["m/thetta"]))
     with pytest.raises(ValueError, match=r"'nope', not a latent site[^?]*$"):
         svi_init(UHAGuide(model, K=2, warm_start_steps=0, decenter=["nope"]))
+
+
+def _scale_only():
+    L = numpyro.sample("L", dist.LKJCholesky(3, 1.0))
+    numpyro.sample("x", dist.MultivariateNormal(jnp.zeros(3), scale_tril=L))
+
+
+def _data_loc(x, y):
+    """A latent whose loc is computed from the data only (not found) beside one whose
+    scale is latent (found): the data enter the compiled probe as inputs."""
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    z = numpyro.sample("z", dist.Normal(2.0 * x, 1.0).to_event(1))
+    w = numpyro.sample("w", dist.Normal(0.0, s).expand([x.shape[0]]).to_event(1))
+    numpyro.sample("y", dist.Normal(z + w, 0.5).to_event(1), obs=y)
+
+
+_PROBED = [
+    (funnel, (4,)), (groups, (Y,)), (random_walk_in_scan, (Y,)),
+    (correlated_effects, (G_IDX, X_CE, Y_CE, "mvn")), (_scale_only, ()),
+    (random_walk_volatility, (RETURNS,)), (_data_loc, (X_CE, Y_CE)),
+]
+
+
+@pytest.mark.parametrize("model, args", _PROBED, ids=lambda v: getattr(v, "__name__", ""))
+def test_the_compiled_probe_finds_what_the_point_by_point_probe_finds(model, args, monkeypatch):
+    """find_decenterable compares the two probe points in one compiled program (the
+    op-by-op traces compiled about 20 programs, 1-2 s); the same sites as point by point,
+    and the compiled program alone decides (the point-by-point traces not needed)."""
+    from numpyro_uha import _decenter
+
+    compiled = find_decenterable(model, args, {})
+    with monkeypatch.context() as m:
+        m.setattr(_decenter, "_compiled_comparison", _raise)
+        assert find_decenterable(model, args, {}) == compiled  # point by point
+    monkeypatch.setattr(_decenter, "_two_traces", _raise)
+    assert find_decenterable(model, args, {}) == compiled
+    if model is _data_loc:
+        assert compiled == ["w"]
+
+
+def _raise(*args, **kwargs):
+    raise AssertionError("not to be called here")
+
+
+def test_a_model_with_python_control_flow_on_a_latent_is_probed_point_by_point():
+    def branchy(n):
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+        if float(s) > 1e6:  # a Python check on a latent's value: cannot be traced at once
+            raise ValueError("unreachable")
+        numpyro.sample("x", dist.Normal(0.0, s).expand([n]).to_event(1))
+
+    assert find_decenterable(branchy, (3,), {}) == ["x"]

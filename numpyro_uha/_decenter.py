@@ -33,6 +33,8 @@ from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.reparam import Reparam
 
+from numpyro_uha.core.warm_start import _traced
+
 #: families decentered, with the extra parameters each keeps unchanged: the scalar
 #: loc-scale families (``x = loc + scale · x̃``), the multivariate ones with a
 #: lower-triangular scale (``x = loc + scale_tril @ x̃``: correlated group effects
@@ -224,8 +226,7 @@ def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
     be traced so (Python control flow on a latent's value, a raise at a probe point) is
     probed point by point, op by op.
     """
-    leaves = jax.tree.leaves((args, kwargs))
-    if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+    if not _traced((args, kwargs)):
         try:
             return _compiled_comparison(model, args, kwargs, scaled)
         except Exception:  # noqa: BLE001 - not traceable at once (Python control flow on

@@ -33,7 +33,6 @@ deviations*, on every coordinate.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import (
@@ -127,8 +126,8 @@ class _ScaleCorrCholeskyTransform(Transform):
     def _inverse(self, y):
         # one compiled program: run eagerly (SVI.init inverts the initial value) its
         # operations would each be compiled on their own (~1 s on two CPU cores)
-        traced = any(isinstance(x, jax.core.Tracer) for x in (y, self.scale))
-        return _scale_corr_inverse(y, self.scale, host=not traced)
+        # (traced, under the caller's transform, the step is inlined: see small_jit)
+        return _scale_corr_inverse(y, self.scale, host=True)
 
     def log_abs_det_jacobian(self, x, y, intermediates=None):
         raise NotImplementedError(

@@ -226,9 +226,8 @@ def small_jit(static_argnums=()):
 
         @wraps(fn)
         def call(*args, host):
-            if host is False or any(
-                isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(args)
-            ):  # traced (in a lax loop, or under the caller's transform): inlined
+            if host is False or _traced(args):
+                # traced (in a lax loop, or under the caller's transform): inlined
                 return fn(*args)
             device = None if host is True else host
             platform = jax.default_backend() if device is None else device.platform

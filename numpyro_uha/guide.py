@@ -114,6 +114,7 @@ from numpyro_uha.core.warm_start import (
     to_default_device,
     warm_start,
 )
+from numpyro_uha.core.warm_start import _traced as _is_tracer  # one tracer test for all
 
 __all__ = [
     "UHAGuide",
@@ -243,10 +244,6 @@ class WeightedDraws(NamedTuple):
     latent: jax.Array
     info: AnnealingInfo
     num_dropped: int = 0
-
-
-def _is_tracer(tree) -> bool:
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
 #: The array leaves of model arguments (traced by the guide's programs unless held).

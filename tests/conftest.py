@@ -156,47 +156,6 @@ SLOW_FOR_TIME = frozenset({
     "tests/test_guide_errors.py::test_frozen_as_a_single_string[q]",
     "tests/test_local.py::test_a_preconditioned_chain_is_the_chain_in_q_standardized_coordinates",
     "tests/test_decenter.py::test_sites_inside_scan_are_left_as_written",
-    # a third round, from a --durations=120 run of the default suite, 2026-11-30 (891 s,
-    # 721 tests): 4.9 to 12.4 s each, 147 s of call time in all; mostly parametrized
-    # siblings, the cheaper or the default-integrator variant left by default. That run's
-    # larger tests have no other test of their mechanism by default and stay (the suite
-    # stays over ~10 min: what is left is coverage, or cheaper tests)
-    "tests/core/test_hais.py::test_hais_is_unbiased_with_frequent_rejections[velocity_verlet]",
-    # sibling: test_every_elbo_numpyro_offers_gets_trace_elbos_gradient (the same
-    # improper_model set up and trained) and test_elbo_term_identity.py's [improper_scale]
-    "tests/test_any_model.py::test_improper_flat_priors_set_up_and_give_the_likelihood_as_log_density",
-    # sibling: test_posterior_predictive_simulates_the_model_jointly (replicates' variance)
-    "tests/test_arviz_export.py::test_posterior_predictive_replicates_follow_the_exact_predictive",
-    # sibling: test_auto_base_dist_is_full_rank_up_to_the_threshold[2-auto-cholesky] and
-    # core/test_warm_start.py::test_full_rank_laplace_start_fits_a_correlated_gaussian_before_vi
-    "tests/test_defaults.py::test_default_q_follows_a_correlated_posterior",
-    # sibling: test_warm_start_full_rank_matches_the_exact_covariance (the same posterior)
-    "tests/test_defaults.py::test_warm_start_resolves_a_badly_scaled_posterior",
-    # sibling: [improper_scale] and [mixture_latent]
-    "tests/test_elbo_term_identity.py::test_the_elbo_term_is_the_core_log_weight_on_each_support[zero_sum]",
-    "tests/test_elbo_term_identity.py::test_the_elbo_term_is_the_core_log_weight_on_each_support[ordered_cutpoints]",
-    "tests/test_elbo_term_identity.py::test_the_elbo_term_is_the_core_log_weight_on_each_support[partly_masked]",
-    "tests/test_enumerate.py::test_the_exports_log_likelihood_sums_each_points_assignment_out[mixture]",
-    "tests/test_estimators.py::test_sandwich_brackets_the_truth[hais]",
-    # sibling: test_the_data_comparison_follows_data_changed_in_place_or_replaced
-    "tests/test_fit_worse_than_start.py::test_draws_on_other_data_are_not_compared_with_q",
-    "tests/test_guide_errors.py::test_diverging_training_warns_then_draws_raise[one-particle-scan]",
-    # sibling: test_check_finite_false_lets_nan_reach_params; the draws' "non-finite log
-    # weight" error: test_diverging_training_warns_then_draws_raise[vectorized-4-progress-bar]
-    "tests/test_guide_errors.py::test_check_finite_false_with_nan_value_only_fails_at_sampling",
-    # sibling: test_draw_batches.py::test_a_new_sample_shape_reuses_the_compiled_draws
-    # (draws the same whatever the chunk width) and test_batched_map_matches_vmap[20-7]
-    "tests/test_guide_usage.py::test_draws_in_chunks_match_one_batch",
-    # sibling: [position_verlet-auto] and [position_verlet-False] (the default integrator)
-    "tests/test_guide_weights.py::test_trace_elbo_term_is_the_core_log_weight_draw_by_draw[velocity_verlet-auto]",
-    "tests/test_guide_weights.py::test_trace_elbo_term_is_the_core_log_weight_draw_by_draw[velocity_verlet-False]",
-    "tests/test_guide_weights.py::test_extrapolation_scales_every_per_coordinate_step_by_the_factor[all]",
-    # sibling: test_a_nonfinite_chain_skips_the_step_and_training_goes_on (the back-off)
-    "tests/test_local.py::test_a_data_point_whose_own_step_diverges_backs_off_and_recovers",
-    "tests/test_masked_entries.py::test_an_unused_masked_out_event_is_completed[real]",
-    "tests/test_masked_entries.py::test_a_used_masked_out_entry_of_a_positive_site_keeps_the_elbo_term_the_log_weight[distribution-mask]",
-    # sibling: test_a_jitted_vmapped_reduction_over_a_stack_is_the_eager_one (the bug's pattern)
-    "tests/test_xla_fused_reduction.py::test_log_weights_of_a_beta_regression_are_those_computed_one_by_one",
 })
 
 

@@ -19,10 +19,11 @@ its key; a stale file is never read, only left behind.
 ``$XDG_CACHE_HOME/numpyro_uha/executables`` (``~/.cache/numpyro_uha/executables``); or
 :func:`set_cache_dir`. It is safe to delete at any time. The cache is used on the CPU
 backend only (the only one it was tested on), in a single process (not under
-``jax.distributed``), and stands aside when JAX's own persistent compilation cache is on (``jax_compilation_cache_dir``), which then caches these steps
-as it caches every program. A file that cannot be read, written or loaded is compiled
-instead: the cache never fails a run and never changes a result (a loaded executable is
-the same machine code as the compiled one).
+``jax.distributed``), and stands aside when JAX's own persistent compilation cache is on
+(``jax_compilation_cache_dir``), which then caches these steps as it caches every
+program. A file that cannot be read, written or loaded is compiled instead: the cache
+never fails a run and never changes a result (a loaded executable is the same machine
+code as the compiled one).
 """
 
 from __future__ import annotations

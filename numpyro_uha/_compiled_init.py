@@ -22,6 +22,13 @@ path's one attempt. Where the batched path raises (e.g. a model with Python cont
 on latent values, which cannot be traced; such a model cannot be trained under ``jit``
 either), the single-key path runs instead, as without the block. Typed keys and traced
 keys go to NumPyro's function unchanged.
+
+The batched search runs once, so its compile time is nearly all its cost: it is traced
+to a jaxpr and compiled at XLA's lowest CPU optimization
+(:func:`~numpyro_uha.core.warm_start.quick_compiler_options`), with the arrays the model
+closes over (its data) passed as the program's arguments, not baked in as constants.
+On seven models of the start-up benchmark (2-core CPU) that took 0.35 to 0.87 s to
+compile, against 0.47 to 1.31 s for NumPyro's own path at the default level.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpyro.infer.util as _infer_util
+
+from numpyro_uha.core.warm_start import quick_compiler_options
 
 #: Serializes the swap of numpyro.infer.util.find_valid_initial_params.
 _LOCK = threading.RLock()
@@ -49,9 +58,11 @@ def _batched(original):
     def find_valid_initial_params(rng_key, *args, **kwargs):
         if not _is_raw_key(rng_key):
             return original(rng_key, *args, **kwargs)
+        keys = jnp.asarray(rng_key)[None]
         try:
-            (params, potential, grad), is_valid = original(
-                jnp.asarray(rng_key)[None], *args, **kwargs
+            # under the caller's jit (data traced) the program is traced into theirs
+            (params, potential, grad), is_valid = _run_quick(
+                lambda k: original(k, *args, **kwargs), keys
             )
         except Exception:  # noqa: BLE001 - not traceable: NumPyro's op-by-op path
             return original(rng_key, *args, **kwargs)
@@ -65,6 +76,20 @@ def _batched(original):
 
     find_valid_initial_params.uha_batched = True
     return find_valid_initial_params
+
+
+def _run_quick(fn, *operands):
+    """``fn(*operands)``, compiled once at XLA's lowest CPU optimization: traced to a
+    jaxpr, whose constants (the arrays ``fn`` closes over) enter the program as arguments."""
+    closed, shape = jax.make_jaxpr(fn, return_shape=True)(*operands)
+
+    def quick_init(consts, *operands):
+        return jax.core.eval_jaxpr(closed.jaxpr, consts, *operands)
+
+    flat = jax.jit(quick_init, compiler_options=quick_compiler_options())(
+        closed.consts, *operands
+    )
+    return jax.tree.unflatten(jax.tree.structure(shape), flat)
 
 
 def _in_order(tree, order):

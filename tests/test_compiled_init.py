@@ -144,3 +144,57 @@ def test_module_names_numpyro_function_it_routes():
     # looks it up at call time (a NumPyro that moved it would make the block a no-op)
     assert compiled_init_module._infer_util is infer_util
     assert "find_valid_initial_params" in initialize_model.__code__.co_names
+
+
+class _RecordingJax:
+    """``jax`` as ``_compiled_init`` sees it, recording what its ``jit`` compiles."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(jax, name)
+
+    def jit(self, fn, **options):
+        jitted = jax.jit(fn, **options)
+
+        def call(*args):
+            self.calls.append((options, args))
+            return jitted(*args)
+
+        return call
+
+
+def test_the_batched_search_is_compiled_quick_with_the_data_as_inputs(monkeypatch):
+    # run once: compiled at XLA's lowest CPU level, the model's data an argument of the
+    # program (a constant baked into it would be compiled into every instruction using it)
+    y = jnp.linspace(-1.0, 2.0, 50)
+    recording = _RecordingJax()
+    want = _init(lambda: model(y), jax.random.PRNGKey(3))
+    monkeypatch.setattr(compiled_init_module, "jax", recording)
+    with compiled_initialization():
+        got = _init(lambda: model(y), jax.random.PRNGKey(3))
+    (options, args), = recording.calls
+    assert options == {"compiler_options": compiled_init_module.quick_compiler_options()}
+    inputs = jax.tree.leaves(args)
+    assert any(jnp.shape(x) == y.shape and np.array_equal(x, y) for x in inputs)
+    for name in want.z:
+        np.testing.assert_array_equal(got.z[name], want.z[name])
+    np.testing.assert_allclose(got.potential_energy, want.potential_energy, rtol=1e-6)
+
+
+def test_data_traced_with_a_concrete_key_is_searched_inline():
+    # svi.init under the user's jit with only the data traced: NumPyro's batched search,
+    # traced into the caller's program, with the eager setup's initial values
+    y = jnp.array([0.3, -1.2, 2.0, 0.7, 1.1])
+
+    def init(y):
+        guide = UHAGuide(model, K=2, warm_start_steps=0)
+        svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+        return svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+
+    traced = jax.jit(init)(y)
+    eager = init(y)
+    assert traced.keys() == eager.keys()
+    for name in eager:
+        np.testing.assert_allclose(traced[name], eager[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -8,12 +8,20 @@ This cache keeps each compiled executable in a file, so a later process (a scrip
 again, another model of the same dimension) loads it in milliseconds instead of compiling
 it. Only these steps are cached: the model's own programs compile as before.
 
-**Key.** A file is named by the SHA-256 of the step's lowered program (its StableHLO text,
-which holds its shapes, dtypes and static arguments), the XLA options it is compiled
-with, the jax and jaxlib versions, the backend's platform and version, the device kind,
-the host's CPU (its instruction-set flags: an executable compiled for one CPU must not run
-on another) and ``XLA_FLAGS``. Any change to the step's code changes its program and so
-its key; a stale file is never read, only left behind.
+**Key.** A file is named by the SHA-256 of what the step is: its function's module and
+name, its static arguments, the tree, shapes, dtypes and weak types of its other
+arguments, the SHA-256 of this package's Python sources (so any change to the step's
+code, or to code it calls here, changes every key), and the JAX options that change what
+tracing produces (``jax_enable_x64``, the PRNG implementation, the default matmul
+precision, ...); with the XLA options it is compiled with, the jax and jaxlib versions,
+the backend's platform and version, the device kind, the host's CPU (its instruction-set
+flags: an executable compiled for one CPU must not run on another) and ``XLA_FLAGS``. A
+stale file is never read, only left behind. No step is traced or lowered to find its
+file: a later process that loads every step traces none of them (lowering the 26 steps
+of stochvol_scan's setup took 2 s of Python in the background thread, which held the
+interpreter lock against the main thread's setup). Where the package's sources cannot be
+read, the step's lowered program (its StableHLO text) stands for the description.
+A file holds the serialized executable and its argument and result trees.
 
 **Where.** ``$NUMPYRO_UHA_CACHE_DIR`` if set (an empty value turns the cache off), else
 ``$XDG_CACHE_HOME/numpyro_uha/executables`` (``~/.cache/numpyro_uha/executables``); or
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import tempfile
 import threading
 from pathlib import Path
@@ -129,25 +138,83 @@ def _environment() -> str:
     return _fingerprint
 
 
-def load_or_compile(jitted, args, folder: Path, compiler_options=None):
+#: JAX options that change what a step's tracing produces from the same arguments (its
+#: avals and static arguments are in ``call``): in :func:`load_or_compile`'s fast key.
+_CONFIG_NAMES = (
+    "jax_enable_x64", "jax_default_prng_impl", "jax_threefry_partitionable",
+    "jax_default_matmul_precision", "jax_numpy_dtype_promotion", "jax_enable_checks",
+    "jax_debug_nans", "jax_debug_infs",
+)
+
+
+def _config() -> str:
+    return "\n".join(f"{name} {getattr(jax.config, name, None)!r}" for name in _CONFIG_NAMES)
+
+
+_digest: list = []
+
+
+def _source_digest() -> str | None:
+    """SHA-256 of this package's Python sources (read once per process): a step's program
+    is its code's, so a changed source file changes every fast key. ``None`` where they
+    cannot be read (the lowered program's text keys the files then)."""
+    if not _digest:
+        root = Path(__file__).resolve().parent.parent
+        try:
+            h = hashlib.sha256()
+            for path in sorted(root.rglob("*.py")):
+                h.update(path.relative_to(root).as_posix().encode() + b"\0")
+                h.update(path.read_bytes() + b"\0")
+            _digest.append(h.hexdigest())
+        except OSError:
+            _digest.append(None)
+    return _digest[0]
+
+
+_lapack_ready: list = []
+
+
+def _ready_for_lapack() -> None:
+    """Load LAPACK's kernels into jaxlib, as lowering a linear-algebra operation does:
+    jaxlib loads them at the first such lowering, and an executable that calls them
+    (a Cholesky factor, an inverse) loaded without any lowering in the process crashes
+    the process. Once per process, by lowering a 1 × 1 Cholesky factor (public API)."""
+    if not _lapack_ready:
+        with _lock:
+            if not _lapack_ready:
+                jax.jit(jax.numpy.linalg.cholesky).lower(jax.ShapeDtypeStruct((1, 1), "float32"))
+                _lapack_ready.append(True)
+
+
+def load_or_compile(jitted, args, folder: Path, compiler_options=None, call=None):
     """The executable of ``jitted`` (a ``jax.jit`` function) at ``args`` (static
     arguments included, as for a call), read from ``folder`` when a file holds it, else
-    compiled and written there. Call the result with the non-static arguments."""
-    lowered = jitted.lower(*args)
+    compiled and written there. Call the result with the non-static arguments.
+
+    ``call``: a string that names the program without lowering it (the step's function,
+    static arguments, argument tree and avals; see the module docstring), or ``None``:
+    the key is the lowered program's text."""
+    digest = _source_digest() if call is not None else None
+    lowered = None
+    if digest is not None:
+        what = "\n".join([f"call {call}", f"source {digest}", _config()])
+    else:
+        lowered = jitted.lower(*args)
+        what = lowered.as_text()
     key = hashlib.sha256(
-        "\n".join([lowered.as_text(), repr(sorted((compiler_options or {}).items())),
+        "\n".join([what, repr(sorted((compiler_options or {}).items())),
                    _environment()]).encode()
     ).hexdigest()
     path = folder / f"{key}.xla"
     try:
-        payload = path.read_bytes()
+        stored = path.read_bytes()
     except OSError:
-        payload = None
-    if payload is not None:
+        stored = None
+    if stored is not None:
+        _ready_for_lapack()
         try:
-            executable = serialize_executable.deserialize_and_load(
-                payload, lowered.in_tree, lowered.out_tree
-            )
+            payload, in_tree, out_tree = pickle.loads(stored)
+            executable = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
         except Exception:  # noqa: BLE001 - a damaged or foreign file: compile instead
             with _lock:
                 stats["failed"] += 1
@@ -155,11 +222,13 @@ def load_or_compile(jitted, args, folder: Path, compiler_options=None):
             with _lock:
                 stats["loaded"] += 1
             return executable
+    if lowered is None:
+        lowered = jitted.lower(*args)
     executable = lowered.compile()
     with _lock:
         stats["compiled"] += 1
     try:
-        payload, _, _ = serialize_executable.serialize(executable)
+        payload = pickle.dumps(serialize_executable.serialize(executable))
         folder.mkdir(parents=True, exist_ok=True)
         # written whole or not at all: another process may read the name at any time
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".xla")

@@ -132,6 +132,39 @@ def test_the_key_separates_programs_and_a_damaged_file_is_compiled_again(tmp_pat
     assert executables.stats == {"compiled": 6, "loaded": 2, "failed": 1}
 
 
+def test_the_fast_key_names_the_call_its_sources_and_jax_options(tmp_path, monkeypatch):
+    # the steps' files are keyed without lowering them (a later process then traces
+    # nothing to load them): by the call's description, this package's sources and the
+    # JAX options that change tracing; a change to any of them compiles anew
+    monkeypatch.setattr(executables, "stats", {"compiled": 0, "loaded": 0, "failed": 0})
+    jitted = jax.jit(_step, static_argnums=(1,))
+    x3 = jnp.arange(3.0)
+
+    def run(call):
+        exe = executables.load_or_compile(jitted, (x3, 2), tmp_path, None, call=call)
+        return np.asarray(exe(x3))
+
+    np.testing.assert_array_equal(run("_step 2 f32[3]"), _step(x3, 2))
+    np.testing.assert_array_equal(run("_step 2 f32[3]"), _step(x3, 2))
+    assert executables.stats == {"compiled": 1, "loaded": 1, "failed": 0}
+    run("_step 2 f32[4]")  # another call
+    assert executables.stats["compiled"] == 2
+    assert executables._source_digest() is not None
+    monkeypatch.setattr(executables, "_digest", ["an edited package"])
+    run("_step 2 f32[3]")
+    assert executables.stats["compiled"] == 3
+    monkeypatch.setattr(executables, "_digest", [None])  # sources unreadable: lowered text
+    run("_step 2 f32[3]")
+    run("_step 2 f32[3]")
+    assert executables.stats == {"compiled": 4, "loaded": 2, "failed": 0}
+    monkeypatch.undo()
+    monkeypatch.setattr(executables, "stats", {"compiled": 0, "loaded": 0, "failed": 0})
+    with jax.default_matmul_precision("highest"):  # a JAX option in the key
+        run("_step 2 f32[3]")
+    assert executables.stats == {"compiled": 1, "loaded": 0, "failed": 0}
+    assert len(list(tmp_path.iterdir())) == 5
+
+
 def test_the_folder_is_chosen_by_environment_and_override(monkeypatch, tmp_path):
     monkeypatch.setattr(executables, "_dir_override", executables._UNSET)
     monkeypatch.setenv("NUMPYRO_UHA_CACHE_DIR", str(tmp_path))

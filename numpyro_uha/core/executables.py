@@ -18,8 +18,8 @@ the backend's platform and version, the device kind, the host's CPU (its instruc
 flags: an executable compiled for one CPU must not run on another) and ``XLA_FLAGS``. A
 stale file is never read, only left behind. No step is traced or lowered to find its
 file: a later process that loads every step traces none of them (lowering the 26 steps
-of stochvol_scan's setup took 2 s of Python in the background thread, which held the
-interpreter lock against the main thread's setup). Where the package's sources cannot be
+of stochvol_scan's setup took about 2 s in the background thread, most of it Python
+holding the interpreter lock against the main thread's setup). Where the package's sources cannot be
 read, the step's lowered program (its StableHLO text) stands for the description.
 A file holds the serialized executable and its argument and result trees.
 

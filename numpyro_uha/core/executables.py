@@ -19,9 +19,9 @@ flags: an executable compiled for one CPU must not run on another) and ``XLA_FLA
 stale file is never read, only left behind. No step is traced or lowered to find its
 file: a later process that loads every step traces none of them (lowering the 26 steps
 of stochvol_scan's setup took about 2 s in the background thread, most of it Python
-holding the interpreter lock against the main thread's setup). Where the package's sources cannot be
-read, the step's lowered program (its StableHLO text) stands for the description.
-A file holds the serialized executable and its argument and result trees.
+holding the interpreter lock against the main thread's setup). Where the package's
+sources cannot be read, the step's lowered program (its StableHLO text) stands for the
+description. A file holds the serialized executable and its argument and result trees.
 
 **Where.** ``$NUMPYRO_UHA_CACHE_DIR`` if set (an empty value turns the cache off), else
 ``$XDG_CACHE_HOME/numpyro_uha/executables`` (``~/.cache/numpyro_uha/executables``); or

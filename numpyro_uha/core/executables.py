@@ -15,7 +15,9 @@ code, or to code it calls here, changes every key), and the JAX options that cha
 tracing produces (``jax_enable_x64``, the PRNG implementation, the default matmul
 precision, ...); with the XLA options it is compiled with, the jax and jaxlib versions,
 the backend's platform and version, the device kind, the host's CPU (its instruction-set
-flags: an executable compiled for one CPU must not run on another) and ``XLA_FLAGS``. A
+flags: an executable compiled for one CPU must not run on another), ``XLA_FLAGS``, and the
+versions of the packages whose code the steps trace (optax, NumPyro, NumPy, ml_dtypes;
+a package patched in place without a new version is not seen). A
 stale file is never read, only left behind. No step is traced or lowered to find its
 file: a later process that loads every step traces none of them (lowering the 26 steps
 of stochvol_scan's setup took about 2 s in the background thread, most of it Python
@@ -31,7 +33,9 @@ backend only (the only one it was tested on), in a single process (not under
 (``jax_compilation_cache_dir``), which then caches these steps as it caches every
 program. A file that cannot be read, written or loaded is compiled instead: the cache
 never fails a run and never changes a result (a loaded executable is the same machine
-code as the compiled one).
+code as the compiled one). Each file carries the SHA-256 of its contents, checked before
+XLA reads them (a damaged executable can kill the process in native code, where no
+``except`` reaches).
 """
 
 from __future__ import annotations
@@ -122,6 +126,21 @@ def _cpu_identity() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
+#: Packages whose code the steps run when traced (optax's Adam and L-BFGS, NumPyro's
+#: transforms, NumPy's constants): their installed versions are in the key, so that
+#: upgrading one compiles the steps anew instead of loading what the old one traced.
+TRACED_PACKAGES = ("optax", "numpyro", "numpy", "ml_dtypes")
+
+
+def _package_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except Exception:  # noqa: BLE001 - not installed as a distribution: say so in the key
+        return "unknown"
+
+
 def _environment() -> str:
     global _fingerprint
     if _fingerprint is None:
@@ -131,6 +150,7 @@ def _environment() -> str:
         backend = device.client
         _fingerprint = "\n".join([
             f"jax {jax.__version__}", f"jaxlib {getattr(jaxlib, '__version__', '?')}",
+            *(f"{name} {_package_version(name)}" for name in TRACED_PACKAGES),
             f"platform {backend.platform} {backend.platform_version}",
             f"device {device.device_kind}", f"cpu {_cpu_identity()}",
             f"XLA_FLAGS {os.environ.get('XLA_FLAGS', '')}",
@@ -169,6 +189,26 @@ def _source_digest() -> str | None:
         except OSError:
             _digest.append(None)
     return _digest[0]
+
+
+#: A file's first bytes: this tag, then the SHA-256 of the rest.
+_MAGIC = b"numpyro-uha executable 2\n"
+
+
+def _sealed(body: bytes) -> bytes:
+    return _MAGIC + hashlib.sha256(body).digest() + body
+
+
+def _checked(stored: bytes) -> bytes:
+    """The body of a file written by :func:`_sealed`, after checking its SHA-256: a
+    damaged executable handed to XLA can kill the process (an illegal instruction, an
+    LLVM abort), which no ``except`` catches; a damaged file is compiled again instead."""
+    start = len(_MAGIC) + 32
+    if not stored.startswith(_MAGIC) or hashlib.sha256(stored[start:]).digest() != stored[
+        len(_MAGIC):start
+    ]:
+        raise ValueError("not an executable this cache wrote, or damaged")
+    return stored[start:]
 
 
 _lapack_ready: list = []
@@ -213,7 +253,7 @@ def load_or_compile(jitted, args, folder: Path, compiler_options=None, call=None
     if stored is not None:
         _ready_for_lapack()
         try:
-            payload, in_tree, out_tree = pickle.loads(stored)
+            payload, in_tree, out_tree = pickle.loads(_checked(stored))
             executable = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
         except Exception:  # noqa: BLE001 - a damaged or foreign file: compile instead
             with _lock:
@@ -228,7 +268,7 @@ def load_or_compile(jitted, args, folder: Path, compiler_options=None, call=None
     with _lock:
         stats["compiled"] += 1
     try:
-        payload = pickle.dumps(serialize_executable.serialize(executable))
+        payload = _sealed(pickle.dumps(serialize_executable.serialize(executable)))
         folder.mkdir(parents=True, exist_ok=True)
         # written whole or not at all: another process may read the name at any time
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".xla")

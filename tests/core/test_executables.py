@@ -10,6 +10,7 @@ the test suite turns on (tests/conftest.py).
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -130,6 +131,72 @@ def test_the_key_separates_programs_and_a_damaged_file_is_compiled_again(tmp_pat
     assert executables.stats == {"compiled": 6, "loaded": 1, "failed": 1}
     np.testing.assert_array_equal(run(x3, 2), _step(x3, 2))
     assert executables.stats == {"compiled": 6, "loaded": 2, "failed": 1}
+
+
+def test_a_damaged_executable_is_never_handed_to_xla(tmp_path, monkeypatch):
+    # a file whose pickle is intact but whose executable bytes are damaged killed the
+    # process inside XLA (an illegal instruction, an LLVM abort) in a later run, and
+    # every run after it: the file's checksum is checked before XLA sees its bytes
+    monkeypatch.setattr(executables, "stats", {"compiled": 0, "loaded": 0, "failed": 0})
+    seen = []
+    load = executables.serialize_executable.deserialize_and_load
+
+    def recording(payload, *trees, **kwargs):
+        seen.append(bytes(payload))
+        return load(payload, *trees, **kwargs)
+
+    monkeypatch.setattr(executables.serialize_executable, "deserialize_and_load", recording)
+    jitted = jax.jit(_step, static_argnums=(1,))
+    x3 = jnp.arange(3.0)
+
+    def run():
+        exe = executables.load_or_compile(jitted, (x3, 2), tmp_path, None, call="_step")
+        return np.asarray(exe(x3))
+
+    run()
+    (path,) = tmp_path.iterdir()
+    stored = path.read_bytes()
+    payload = pickle.loads(stored[len(executables._MAGIC) + 32:])[0]
+    at = stored.index(payload) + len(payload) // 2  # inside the executable's own bytes
+    damaged = stored[:at] + bytes(b ^ 0xFF for b in stored[at:at + 16]) + stored[at + 16:]
+    pickle.loads(damaged[len(executables._MAGIC) + 32:])  # the pickle itself still loads
+    path.write_bytes(damaged)
+    np.testing.assert_array_equal(run(), _step(x3, 2))
+    assert seen == [] and executables.stats == {"compiled": 2, "loaded": 0, "failed": 1}
+    assert path.read_bytes() != damaged  # written anew, whole
+    np.testing.assert_array_equal(run(), _step(x3, 2))
+    assert len(seen) == 1 and executables.stats["loaded"] == 1
+
+
+def test_the_key_holds_the_versions_of_the_packages_the_steps_trace(tmp_path, monkeypatch):
+    # the steps run optax's and NumPyro's code when traced: an executable an older optax
+    # traced must not be loaded under a newer one
+    counts = {"compiled": 0, "loaded": 0, "failed": 0}
+    monkeypatch.setattr(executables, "stats", counts)
+    jitted = jax.jit(_step, static_argnums=(1,))
+    x3 = jnp.arange(3.0)
+
+    def run():
+        executables.load_or_compile(jitted, (x3, 2), tmp_path, None, call="_step")
+
+    run()
+    run()
+    assert counts == {"compiled": 1, "loaded": 1, "failed": 0}
+    for name in executables.TRACED_PACKAGES:
+        version = executables._package_version(name)
+        assert f"{name} {version}" in executables._environment()
+        monkeypatch.setattr(executables, "_fingerprint", None)
+        monkeypatch.setattr(
+            executables, "_package_version",
+            lambda n, name=name, real=executables._package_version: (
+                "0.0.0" if n == name else real(n)
+            ),
+        )
+        run()
+        monkeypatch.undo()
+        monkeypatch.setattr(executables, "stats", counts)
+    assert counts == {"compiled": 1 + len(executables.TRACED_PACKAGES), "loaded": 1, "failed": 0}
+    assert executables._package_version("optax") not in ("unknown", "0.0.0")
 
 
 def test_the_fast_key_names_the_call_its_sources_and_jax_options(tmp_path, monkeypatch):

@@ -33,7 +33,8 @@ from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.reparam import Reparam
 
-from numpyro_uha.core.warm_start import _traced, quick_compiler_options
+from numpyro_uha._compiled_init import _run_quick
+from numpyro_uha.core.warm_start import _traced
 
 #: families decentered, with the extra parameters each keeps unchanged: the scalar
 #: loc-scale families (``x = loc + scale · x̃``), the multivariate ones with a
@@ -288,10 +289,9 @@ def _compiled_comparison(model, args, kwargs, scaled):
         return out
 
     # run once: compiled at XLA's lowest CPU optimization (0.36 and 0.74 s to compile at
-    # the default level on hierarchical_logistic and stochvol_scan)
-    compared = jax.jit(both, compiler_options=quick_compiler_options())(
-        [leaves[i] for i in arrays]
-    )
+    # the default level on hierarchical_logistic and stochvol_scan), where that costs
+    # less than op by op (else raises: the caller probes op by op)
+    compared = _run_quick(both, [leaves[i] for i in arrays])
     return [
         name for name, pairs in zip(names, compared)
         if any(_differ(a, b) for a, b in pairs)

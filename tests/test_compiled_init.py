@@ -94,6 +94,79 @@ def test_an_untraceable_model_falls_back_to_the_single_key_path(monkeypatch):
     np.testing.assert_array_equal(got.z["x"], want.z["x"])
 
 
+def walk(y):
+    """A random walk written as a Python loop: one site written ``len(y)`` times."""
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    prev = 0.0
+    for t in range(y.shape[0]):
+        prev = numpyro.sample(f"z{t}", dist.Normal(prev, s))
+        numpyro.sample(f"y{t}", dist.Normal(prev, 0.5), obs=y[t])
+
+
+def test_a_program_of_one_site_written_many_times_is_run_op_by_op(monkeypatch):
+    # a 20-site Python loop: about 1 900 equations of some 40 distinct operations, which
+    # took longer to compile at XLA's lowest level (1.4 ms an equation) than to run op
+    # by op (each distinct operation compiled once, 30-50 ms); 60 sites: 7.8 s against
+    # 1.4 s. Its search runs op by op, as NumPyro's single-key path; a vectorized model's
+    # is compiled
+    y = jnp.linspace(-1.0, 1.0, 20)
+    key = jax.random.PRNGKey(0)
+    want, got, shapes = _plain_and_routed(monkeypatch, lambda: walk(y), key)
+    assert shapes == [(1, 2), (2,)]  # traced, measured, then the single-key path
+    for name in want.z:
+        np.testing.assert_array_equal(got.z[name], want.z[name])
+    closed = jax.make_jaxpr(lambda k: initialize_model(k, lambda: walk(y))[0].z)(key)
+    assert not compiled_init_module._compiling_pays(closed.jaxpr)
+    closed = jax.make_jaxpr(lambda k: initialize_model(k, model)[0].z)(key)
+    assert compiled_init_module._compiling_pays(closed.jaxpr)
+    _, _, shapes = _plain_and_routed(monkeypatch, model, key)
+    assert shapes == [(1, 2)]
+
+
+def test_a_model_of_many_sites_is_not_traced_to_find_out(monkeypatch):
+    # tracing the batched search of a 60-site loop only to run it op by op took 3.4 s
+    traced = []
+    original = compiled_init_module._run_quick
+    monkeypatch.setattr(
+        compiled_init_module, "_run_quick", lambda *a: traced.append(1) or original(*a)
+    )
+    y = jnp.linspace(-1.0, 1.0, compiled_init_module.MAX_SITES)  # one more latent site
+    _, _, shapes = _plain_and_routed(monkeypatch, lambda: walk(y), jax.random.PRNGKey(0))
+    assert shapes == [(2,)] and traced == []
+    y = jnp.linspace(-1.0, 1.0, compiled_init_module.MAX_SITES - 1)  # at the bound: traced
+    _plain_and_routed(monkeypatch, lambda: walk(y), jax.random.PRNGKey(0))
+    assert traced == [1]
+
+
+def test_the_decenter_probe_of_a_loop_model_runs_op_by_op_with_the_same_sites(monkeypatch):
+    from numpyro_uha import _decenter
+
+    def hierarchy(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+        for g in range(y.shape[0]):
+            theta = numpyro.sample(f"theta{g}", dist.Normal(mu, tau))
+            numpyro.sample(f"y{g}", dist.Normal(theta, 1.0), obs=y[g])
+
+    y = jnp.linspace(-1.0, 1.0, 40)
+    compiled = []
+    original = _decenter._run_quick
+
+    def recording(*a):
+        try:
+            out = original(*a)
+        except compiled_init_module.OpByOpCheaper:
+            compiled.append(False)
+            raise
+        compiled.append(True)
+        return out
+
+    monkeypatch.setattr(_decenter, "_run_quick", recording)
+    found = _decenter.find_decenterable(hierarchy, (y,), {})
+    assert compiled == [False]
+    assert sorted(found) == sorted(f"theta{g}" for g in range(40))
+
+
 def test_typed_keys_pass_through_and_the_function_is_restored(monkeypatch):
     shapes = _record_keys(monkeypatch)
     patched = infer_util.find_valid_initial_params

@@ -251,7 +251,10 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
 
 def _split_static(tree, hold=False):
-    """Separate array leaves (traced by jit) from Python scalars/strings (kept static).
+    """Separate array leaves (traced by jit) from Python and NumPy scalars and strings
+    (kept static, as their values: a NumPy integer sizes a plate as a Python int does,
+    ``J = int(g.max()) + 1`` or ``np.int64``; traced, a call with ``np.int64(5)`` after a
+    setup with ``5`` failed inside the guide's programs).
 
     ``hold``: concrete arrays are kept static too, each as a :class:`_Held` constant of
     the compiled programs, for a model whose Python code reads its data's values
@@ -259,7 +262,8 @@ def _split_static(tree, hold=False):
     cannot hash (a pandas ``DataFrame`` handed to the model) is held too."""
     leaves, treedef = jax.tree.flatten(tree)
     is_array = tuple(
-        isinstance(x, _ARRAY_TYPES) and not (hold and not isinstance(x, jax.core.Tracer))
+        isinstance(x, (jax.Array, np.ndarray))
+        and not (hold and not isinstance(x, jax.core.Tracer))
         for x in leaves
     )
     arrays = [x for x, a in zip(leaves, is_array) if a]

@@ -69,8 +69,13 @@ def _batched(original):
             (params, potential, grad), is_valid = _run_quick(
                 lambda k: original(k, *args, **kwargs), keys
             )
-        except Exception:  # noqa: BLE001 - not traceable: NumPyro's op-by-op path
+        except Exception:  # noqa: BLE001 - not traceable: NumPyro's op-by-op path, below
+            found = None
+        else:
+            found = (params, potential, grad), is_valid
+        if found is None:  # outside the handler: the model's own error is shown once
             return original(rng_key, *args, **kwargs)
+        (params, potential, grad), is_valid = found
         first = lambda x: x[0]  # noqa: E731
         params, potential, grad = jax.tree.map(first, (params, potential, grad))
         # JAX returns dicts with sorted keys; the single-key path keeps the model's

@@ -1374,9 +1374,13 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
 
         try:
             jax.eval_shape(probe)
-        except Exception:  # noqa: BLE001 - not traceable: the concrete trace
-            return self._trace_at_init(model, args, kwargs)
-        return traces[0]
+        except Exception:  # noqa: BLE001 - not traceable: the concrete trace, below
+            pass
+        if traces:
+            return traces[0]
+        # outside the handler: a model's own error is shown once, not as raised "during
+        # handling of" the abstract trace's
+        return self._trace_at_init(model, args, kwargs)
 
     def _validate_model(self, args, kwargs):
         model_trace = self._abstract_trace(self.model, args, kwargs)

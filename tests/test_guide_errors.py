@@ -537,3 +537,28 @@ def test_a_finite_but_exploded_trajectory_gives_no_gradient():
         if name != "auto_diverged":
             assert bool(jnp.all(g == 0)), (name, g)
     assert float(grads["auto_diverged"]) == 1.0  # the latch sees the diverged particle
+
+
+@pytest.mark.parametrize("branch", [False, True])
+def test_a_models_own_error_at_setup_is_shown_once_and_not_chained(branch):
+    """A modelling mistake (shapes that do not broadcast) raised at ``svi.init`` showed
+    the guide's own abstract probe failing first ("During handling of the above
+    exception, another exception occurred"), led by an unrelated
+    TracerBoolConversionError where the model also branches on a latent value."""
+    x = np.linspace(-1.0, 1.0, 50)
+
+    def model(x, y=None):
+        a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+        if branch and a > 0:  # Python control flow on a latent: not traceable
+            pass
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0).expand([3]))
+        numpyro.sample("y", dist.Normal(a + b * x, 1.0), obs=y)  # (3,) * (50,)
+
+    svi = SVI(model, UHAGuide(model, K=2), optax.adam(1e-3), Trace_ELBO())
+    with pytest.raises(TypeError, match="broadcast") as info:
+        svi.init(jax.random.PRNGKey(0), x, 2 * x)
+    chain, error = [], info.value
+    while error is not None:
+        chain.append(type(error).__name__)
+        error = error.__cause__ or error.__context__
+    assert chain == ["TypeError"], chain

@@ -21,11 +21,12 @@ batched search starts from the same state, and its first iteration is the single
 path's one attempt (the same values up to rounding: one unit in the last place where
 XLA fuses the transforms differently). Where the batched path raises (e.g. a model with
 Python control flow on latent values, which cannot be traced; such a model cannot be
-trained under ``jit`` either), the single-key path runs instead, as without the block. Typed keys and traced
-keys go to NumPyro's function unchanged. So does a search whose program is large and
-made of few distinct operations (a model written as a Python loop over many sites), which
-compiles more slowly than it runs op by op (:func:`_compiling_pays`; a model of more than
-:data:`MAX_SITES` latent sites is not traced to find out).
+trained under ``jit`` either), the single-key path runs instead, as without the block.
+Typed keys and traced keys go to NumPyro's function unchanged. So does a search whose
+program is large and made of few distinct operations (a model written as a Python loop
+over many sites), which compiles more slowly than it runs op by op
+(:func:`_compiling_pays`; a model of more than :data:`MAX_SITES` latent sites is not
+traced to find out).
 
 The batched search runs once, so its compile time is nearly all its cost: it is traced
 to a jaxpr and compiled at XLA's lowest CPU optimization

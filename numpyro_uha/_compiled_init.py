@@ -151,8 +151,9 @@ def _run_quick(fn, *operands):
     def quick_init(consts, *operands):
         return jax.core.eval_jaxpr(closed.jaxpr, consts, *operands)
 
+    # the jaxpr takes the operands' leaves (a list of arrays is one operand of several)
     flat = jax.jit(quick_init, compiler_options=quick_compiler_options())(
-        closed.consts, *operands
+        closed.consts, *jax.tree.leaves(operands)
     )
     return jax.tree.unflatten(jax.tree.structure(shape), flat)
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax.extend.core import jaxprs_in_params
 import numpyro.infer.util as _infer_util
 
-from numpyro_uha.core.warm_start import quick_compiler_options
+from numpyro_uha.core.warm_start import _traced, quick_compiler_options
 
 #: Serializes the swap of numpyro.infer.util.find_valid_initial_params.
 _LOCK = threading.RLock()
@@ -67,13 +67,9 @@ def _batched(original):
         keys = jnp.asarray(rng_key)[None]
         try:
             # under the caller's jit (data traced) the program is traced into theirs
-            (params, potential, grad), is_valid = _run_quick(
-                lambda k: original(k, *args, **kwargs), keys
-            )
+            found = _run_quick(lambda k: original(k, *args, **kwargs), keys)
         except Exception:  # noqa: BLE001 - not traceable: NumPyro's op-by-op path, below
             found = None
-        else:
-            found = (params, potential, grad), is_valid
         if found is None:  # outside the handler: the model's own error is shown once
             return original(rng_key, *args, **kwargs)
         (params, potential, grad), is_valid = found
@@ -142,10 +138,7 @@ def _run_quick(fn, *operands):
     operations (:func:`_compiling_pays`), with concrete inputs (traced, the program is
     part of the caller's, which compiles it anyway)."""
     closed, shape = jax.make_jaxpr(fn, return_shape=True)(*operands)
-    concrete = not any(
-        isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((closed.consts, operands))
-    )
-    if concrete and not _compiling_pays(closed.jaxpr):
+    if not _traced((closed.consts, operands)) and not _compiling_pays(closed.jaxpr):
         raise OpByOpCheaper
 
     def quick_init(consts, *operands):

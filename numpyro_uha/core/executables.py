@@ -15,10 +15,10 @@ code, or to code it calls here, changes every key), and the JAX options that cha
 tracing produces (``jax_enable_x64``, the PRNG implementation, the default matmul
 precision, ...); with the XLA options it is compiled with, the jax and jaxlib versions,
 the backend's platform and version, the device kind, the host's CPU (its instruction-set
-flags: an executable compiled for one CPU must not run on another), ``XLA_FLAGS``, and the
-versions of the packages whose code the steps trace (optax, NumPyro, NumPy, ml_dtypes;
-a package patched in place without a new version is not seen). A
-stale file is never read, only left behind. No step is traced or lowered to find its
+flags: an executable compiled for one CPU must not run on another), ``XLA_FLAGS``, and
+the versions of the packages whose code the steps trace (optax, NumPyro, NumPy,
+ml_dtypes; a package patched in place without a new version is not seen). A stale file
+is never read, only left behind. No step is traced or lowered to find its
 file: a later process that loads every step traces none of them (lowering the 26 steps
 of stochvol_scan's setup took about 2 s in the background thread, most of it Python
 holding the interpreter lock against the main thread's setup). Where the package's

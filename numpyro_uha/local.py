@@ -44,7 +44,7 @@ from numpyro import handlers
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
-from numpyro.infer.initialization import init_to_median
+from numpyro.infer.initialization import init_to_median, init_to_uniform
 import numpyro.distributions as dist
 from numpyro.distributions.util import sum_rightmost
 
@@ -149,6 +149,34 @@ class LocalLogZ(NamedTuple):
             f"{self.total_se:.2f} | ELBO {self.total_elbo:.2f} ± {self.total_elbo_se:.2f} "
             f"({self.num_samples} chains each{bad})"
         )
+
+
+def _sampleable(fn, names=None):
+    """``fn`` where a latent site that no handler gave a value and whose distribution
+    cannot be sampled (an ``ImproperUniform``: a flat prior) takes ``init_to_uniform``'s
+    value, as in NumPyro's own setup (only the sites ``names``, if given). The setup's
+    traces, the draw methods' size probe and the global guide's model (whose local sites
+    are hidden from its initialization) run the model at values they draw, and such a
+    site raised a bare ``NotImplementedError`` there. Outermost of the handlers it wraps,
+    so it sees the values they give and the key ``seed`` gives."""
+    return handlers.substitute(fn, substitute_fn=partial(_flat_prior_value, names=names))
+
+
+def _flat_prior_value(site, names=None):
+    if site["type"] != "sample" or site["is_observed"] or site["value"] is not None:
+        return None
+    if names is not None and site["name"] not in names:
+        return None
+    fn = site["fn"]
+    try:
+        jax.eval_shape(lambda: fn.sample(jax.random.PRNGKey(0)))
+    except NotImplementedError:
+        if site["kwargs"].get("rng_key") is None:  # not seeded: any point will do
+            site = {**site, "kwargs": {**site["kwargs"], "rng_key": jax.random.PRNGKey(0)}}
+        return init_to_uniform(site)
+    except Exception:  # noqa: BLE001 - the site's own sampling raises it, as before
+        return None
+    return None
 
 
 class UHALocalGuide(AutoGuide):
@@ -352,13 +380,15 @@ class UHALocalGuide(AutoGuide):
             rng_key = jax.random.PRNGKey(0)
         self.model = self._written_model
         with handlers.block():
-            trace = handlers.trace(handlers.seed(self.model, rng_key)).get_trace(*args, **kwargs)
+            trace = handlers.trace(_sampleable(handlers.seed(self.model, rng_key))).get_trace(
+                *args, **kwargs
+            )
         name, size, subsample_size, dim = self._find_plate(trace)
         self.decentered_sites = self._resolve_decenter(trace, name, args, kwargs)
         if self.decentered_sites:  # the rest of the setup in the non-centered coordinates
             self.model = _decenter.decentered_model(self._written_model, self.decentered_sites)
             with handlers.block():
-                trace = handlers.trace(handlers.seed(self.model, rng_key)).get_trace(
+                trace = handlers.trace(_sampleable(handlers.seed(self.model, rng_key))).get_trace(
                     *args, **kwargs
                 )
         self.prototype_trace = trace
@@ -428,11 +458,11 @@ class UHALocalGuide(AutoGuide):
         dtype = jnp.result_type(float)
         # q_i starts at the prior median of each local (unconstrained), for every data point
         with handlers.block():
-            start = handlers.trace(
+            start = handlers.trace(_sampleable(
                 handlers.seed(
                     handlers.substitute(self.model, self._median_values(trace, rng_key)), rng_key
                 )
-            ).get_trace(*args, **kwargs)
+            )).get_trace(*args, **kwargs)
         row = self._pack({n: biject_to(start[n]["fn"].support).inv(start[n]["value"])
                           for n in self._local_sites})
         self._init_loc_row = jnp.where(jnp.isfinite(row), row, 0.0).mean(0).astype(dtype)
@@ -600,9 +630,9 @@ class UHALocalGuide(AutoGuide):
             and not (site["type"] == "sample" and site["is_observed"])
         }
         with handlers.block():
-            again = handlers.trace(
+            again = handlers.trace(_sampleable(
                 handlers.seed(handlers.substitute(self.model, data={**held, **moved}), 0)
-            ).get_trace(*args, **kwargs)
+            )).get_trace(*args, **kwargs)
         dependent = []
         for n, site in trace.items():
             if site["type"] != "sample" or n in sites_in or n not in again:
@@ -653,9 +683,9 @@ class UHALocalGuide(AutoGuide):
         run eagerly, compiles a new program at every call."""
         try:
             with handlers.block():
-                trace = handlers.trace(
+                trace = handlers.trace(_sampleable(
                     handlers.seed(handlers.substitute(self.model, substitute_fn=_first_indices), 0)
-                ).get_trace(*args, **kwargs)
+                )).get_trace(*args, **kwargs)
         except TypeError as error:
             if args or kwargs:
                 raise
@@ -1065,11 +1095,11 @@ class UHALocalGuide(AutoGuide):
         for idx in (first, other):
             with handlers.block():
                 traces.append(
-                    handlers.trace(
+                    handlers.trace(_sampleable(
                         handlers.seed(
                             handlers.substitute(self.model, data={self._plate_name: idx}), 0
                         )
-                    ).get_trace(*args, **kwargs)
+                    )).get_trace(*args, **kwargs)
                 )
         return traces
 
@@ -1125,9 +1155,9 @@ class UHALocalGuide(AutoGuide):
         plate_name = self._plate_name
         data = {**global_values, **model_params, plate_name: idx}
         with handlers.block():
-            trace = handlers.trace(
+            trace = handlers.trace(_sampleable(
                 handlers.seed(handlers.substitute(self.model, data=data), 0)
-            ).get_trace(*args, **kwargs)
+            )).get_trace(*args, **kwargs)
         observed = {  # the data: not a numpyro.factor's (auxiliary) site
             n: trace[n]["value"] for n in self._observed_sites
             if not trace[n].get("infer", {}).get("is_auxiliary", False)
@@ -1637,7 +1667,7 @@ class _Hidden:
 
     def __call__(self, *args, **kwargs):
         with handlers.block(hide=self.names):
-            return self.model(*args, **kwargs)
+            return _sampleable(self.model, self.names)(*args, **kwargs)
 
 
 def _refuse_uha_global_guide(guide):

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import SUITE_XLA_FLAGS
+
 WORKER = Path(__file__).with_name("sharding_worker.py")
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -30,7 +32,7 @@ def _run(args, env_extra=None, timeout=240):
     # configuration); backend optimizations off, as for the suite's other programs
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env_extra = dict(env_extra or {})
-    flags = ["--xla_backend_optimization_level=0", env_extra.pop("XLA_FLAGS", "")]
+    flags = [*SUITE_XLA_FLAGS, env_extra.pop("XLA_FLAGS", "")]
     env.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(filter(None, flags)), **env_extra})
     return subprocess.Popen(
         [sys.executable, str(WORKER), *map(str, args)], env=env,

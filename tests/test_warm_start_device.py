@@ -20,6 +20,7 @@ import numpyro.distributions as dist
 import pytest
 
 from numpyro_uha import UHAGuide
+from tests.conftest import SUITE_XLA_FLAGS
 
 WORKER = Path(__file__).with_name("warm_start_device_worker.py")
 
@@ -32,7 +33,7 @@ def _model():
 def test_steps_run_on_the_other_device_with_the_same_results(tmp_path):
     out = tmp_path / "out.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+    env["XLA_FLAGS"] = " ".join(["--xla_force_host_platform_device_count=2", *SUITE_XLA_FLAGS])
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True,
         timeout=600,

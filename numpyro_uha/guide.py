@@ -251,10 +251,10 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
 
 def _split_static(tree, hold=False):
-    """Separate array leaves (traced by jit) from Python and NumPy scalars and strings
-    (kept static, as their values: a NumPy integer sizes a plate as a Python int does,
-    ``J = int(g.max()) + 1`` or ``np.int64``; traced, a call with ``np.int64(5)`` after a
-    setup with ``5`` failed inside the guide's programs).
+    """Separate array leaves (traced by jit) from Python and NumPy scalars, concrete 0-d
+    integer arrays and strings (kept static, as their values: a NumPy or JAX integer sizes
+    a plate as a Python int does, ``J = g.max() + 1`` or ``np.int64``; traced, a call with
+    ``np.int64(5)`` after a setup with ``5`` failed inside the guide's programs).
 
     ``hold``: concrete arrays are kept static too, each as a :class:`_Held` constant of
     the compiled programs, for a model whose Python code reads its data's values
@@ -264,14 +264,34 @@ def _split_static(tree, hold=False):
     is_array = tuple(
         isinstance(x, (jax.Array, np.ndarray))
         and not (hold and not isinstance(x, jax.core.Tracer))
+        and not _concrete_integer_scalar(x)
         for x in leaves
     )
     arrays = [x for x, a in zip(leaves, is_array) if a]
     static = tuple(
-        _Held(x) if isinstance(x, _ARRAY_TYPES) or not _hashable(x) else x
+        _Held(_as_numpy_scalar(x)) if isinstance(x, _ARRAY_TYPES) or not _hashable(x) else x
         for x, a in zip(leaves, is_array) if not a
     )
     return arrays, (treedef, is_array, static)
+
+
+def _concrete_integer_scalar(x) -> bool:
+    """A concrete 0-d integer or boolean array: a size, a count or a switch (``jnp.asarray(20)``
+    as a minibatch size, ``J = g.max() + 1`` as a plate's), kept static as a NumPy or
+    Python integer is; traced, a plate sized by it failed where ``AutoNormal`` runs."""
+    return (
+        not isinstance(x, jax.core.Tracer)
+        and np.ndim(x) == 0
+        and (jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_)
+    )
+
+
+def _as_numpy_scalar(x):
+    """A concrete 0-d integer JAX array as the NumPy scalar of its value and dtype, which
+    the guide's programs see as a constant: inside ``jax.jit`` JAX stages every operation
+    on a JAX array, even a constant one, so ``subsample_size > size`` on it was traced;
+    any other value as it is."""
+    return np.asarray(x)[()] if isinstance(x, jax.Array) and _concrete_integer_scalar(x) else x
 
 
 def _merge_static(arrays, spec):

@@ -1066,11 +1066,19 @@ class UHALocalGuide(AutoGuide):
         indices unused) trains q_i on another data point's data: warn where the plate's
         observed values are the same for two different sets of indices."""
         traces = self._traces_at_two_index_sets(args, kwargs, size, subsample_size)
+
+        def data(site):
+            # a numpyro.factor's value is a constant placeholder: its data are in its
+            # log density (the locals are the same in both traces: the same key)
+            if site.get("infer", {}).get("is_auxiliary", False):
+                return site["fn"].log_prob(site["value"])
+            return site["value"]
+
         same = [
             n for n in self._observed_sites
             if n in traces[0] and n in traces[1]
-            and jnp.shape(traces[0][n]["value"]) == jnp.shape(traces[1][n]["value"])
-            and bool(jnp.array_equal(traces[0][n]["value"], traces[1][n]["value"]))
+            and jnp.shape(data(traces[0][n])) == jnp.shape(data(traces[1][n]))
+            and bool(jnp.array_equal(data(traces[0][n]), data(traces[1][n])))
         ]
         if same and len(same) == len(self._observed_sites):
             warnings.warn(

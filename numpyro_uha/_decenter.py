@@ -192,8 +192,18 @@ def _trace_at(model, args, kwargs, seed):
     where the user's own initial point and the posterior do not, and the probe only
     compares locs and scales; NumPyro validates eagerly and would raise."""
     with handlers.block(), numpyro.validation_enabled(False):
-        traced = handlers.substitute(handlers.seed(model, seed), substitute_fn=init_to_uniform)
+        traced = handlers.substitute(handlers.seed(model, seed), substitute_fn=_probe_point)
         return handlers.trace(traced).get_trace(*args, **kwargs)
+
+
+def _probe_point(site):
+    """``init_to_uniform``'s value at a latent site; at a subsampled plate its first
+    indices, the same at every probe point: random ones made a loc read from the data
+    (``Normal(x[idx], 1)``) differ between two points as if it depended on a latent."""
+    if site["type"] == "plate":
+        size, subsample_size = site["args"][:2]
+        return jnp.arange(size if subsample_size is None else subsample_size)
+    return init_to_uniform(site)
 
 
 def _two_traces(model, args, kwargs):

@@ -290,3 +290,22 @@ def test_a_scaled_non_centered_local_keeps_the_loss_the_global_terms_and_the_wei
     params = fit(scaled_hierarchy, guide)
     assert guide.decentered_sites == ("z",)
     _check_loss_is_global_terms_and_log_weights(scaled_hierarchy, guide, params, 12)
+
+
+X_DATA = jnp.asarray(np.random.default_rng(5).normal(size=N), jnp.float32)
+
+
+def data_and_latent_locs(ybar, x, batch):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("groups", N, subsample_size=batch) as idx:
+        from_data = numpyro.sample("from_data", dist.Normal(x[idx], 1.0))
+        from_latent = numpyro.sample("from_latent", dist.Normal(mu, 1.0))
+        numpyro.sample("ybar", dist.Normal(from_data + from_latent, SIGMA), obs=ybar[idx])
+
+
+def test_true_leaves_a_local_whose_loc_reads_only_the_data_on_a_minibatch():
+    # the probe traced the model at two random points, each with its own random
+    # subsample: x[idx] differed between them as if the loc depended on a latent
+    guide = UHALocalGuide(data_and_latent_locs, K=2, decenter=True)
+    handlers.seed(guide, 0)(YBAR, X_DATA, BATCH)
+    assert guide.decentered_sites == ("from_latent",)

@@ -79,9 +79,10 @@ if guide_name == "UHAGuide(quick GPU options)":
     # an experiment, not a package option: the model-free steps compiled on a GPU with
     # XLA's lowest backend optimization and no autotuning, as on a CPU
     import numpyro_uha.core.warm_start as ws
+    _package_options = ws.quick_compiler_options
     ws.quick_compiler_options = lambda platform=None: {
         "xla_backend_optimization_level": 0, "xla_gpu_autotune_level": 0,
-    } if (platform or jax.default_backend()) == "gpu" else {"xla_backend_optimization_level": 0}
+    } if (platform or jax.default_backend()) == "gpu" else _package_options(platform)
 svi = SVI(m.model, guide, optax.adam(1e-3), Trace_ELBO())
 start = time.perf_counter()
 state = svi.init(jax.random.PRNGKey(0), *m.args)

@@ -181,11 +181,16 @@ def resolve_oracle(logdensity_fn, oracle, *inputs) -> tuple[RowsOracle, object]:
 
 def quick_compiler_options(platform: str | None = None) -> dict | None:
     """XLA options for a program whose compile time is most of its cost (run once, or
-    tiny): the lowest backend optimization on CPU (a third to a half of the compile time;
-    the same run time for the warm start's small steps). ``None`` on other backends.
-    ``platform``: the backend the program runs on (default: JAX's default backend)."""
+    tiny): on CPU the lowest backend optimization (a third to a half of the compile time;
+    the same run time for the warm start's small steps) and XLA's older loop emitters
+    instead of its fusion emitters (``xla_cpu_use_fusion_emitters``: about half of what
+    compiling still costs at that level, measured on the test suite's programs). ``None``
+    on other backends. ``platform``: the backend the program runs on (default: JAX's
+    default backend)."""
     platform = jax.default_backend() if platform is None else platform
-    return {"xla_backend_optimization_level": 0} if platform == "cpu" else None
+    if platform != "cpu":
+        return None
+    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 def _on_device(args, static_argnums, device):

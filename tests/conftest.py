@@ -7,10 +7,11 @@ backend optimizations is several times faster. XLA's CPU fusion emitters are tur
 too (``--xla_cpu_use_fusion_emitters=false``: the older loop emitters): measured on a
 UHAGuide setup, 3 steps and 100 draws of a hierarchical logistic regression, XLA's
 compile time fell from 30.9 s to 12-16 s (2 cores, jax 0.10.1), the loss the same to the
-last digit; four of the heaviest test files (74 tests, ``-n 2``) from 244 s to 152 s. Both change what the programs compute by floating-point rounding at most. A
-setting the user made in ``XLA_FLAGS`` is kept. They are set before JAX creates its CPU
-backend, which no test module has done when this runs, and reach the subprocesses the
-tests start through ``XLA_FLAGS`` (runners that replace it add them back).
+last digit; four of the heaviest test files (74 tests, ``-n 2``) from 244 s to 152 s.
+Both change what the programs compute by floating-point rounding at most. A setting the
+user made in ``XLA_FLAGS`` is kept. They are set before JAX creates its CPU backend,
+which no test module has done when this runs, and reach the subprocesses the tests start
+through ``XLA_FLAGS`` (runners that replace it add them back).
 
 JAX's persistent compilation cache is on for the run, in a new empty folder shared by the
 xdist workers and every subprocess the tests start (docs examples, notebooks, benchmark

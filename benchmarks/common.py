@@ -1,4 +1,4 @@
-"""Shared benchmark plumbing: summaries of log weights and result writing."""
+"""Shared benchmark plumbing: summaries of log weights, result writing and fresh-process runs."""
 
 from __future__ import annotations
 
@@ -140,3 +140,16 @@ def write_results(name: str, payload: dict, table_md: str) -> Path:
     path = out / f"{name}.md"
     path.write_text(header + table_md + "\n")
     return path
+
+
+def run_child(script: str, *argv: str, env=None, cwd=None) -> dict:
+    """Run ``script`` in a fresh Python process (``python -c script *argv``); the JSON of
+    its ``RESULT {json}`` line."""
+    out = subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True,
+        check=False, env=env, cwd=cwd,
+    )
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{' / '.join(argv)} failed:\n{out.stderr[-3000:]}")

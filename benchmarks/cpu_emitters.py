@@ -18,14 +18,11 @@ and the loss after them (the same programs up to rounding: the losses agree).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 
-from benchmarks.common import write_results
+from benchmarks.common import run_child, write_results
 
 MODELS = ["hierarchical_logistic", "gp_rbf", "lkj_mvn"]
 SETTINGS = {"fusion emitters (XLA's default)": "", "loop emitters": "--xla_cpu_use_fusion_emitters=false"}
@@ -65,15 +62,7 @@ def _child(model, flags, steps, K):
     env["NUMPYRO_UHA_CACHE_DIR"] = ""  # the package's own executable cache off
     if flags:
         env["XLA_FLAGS"] = flags
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, model, str(steps), str(K)], env=env,
-        capture_output=True, text=True, timeout=1200,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{model} with XLA_FLAGS={flags!r} failed:\n{proc.stderr[-3000:]}")
+    return run_child(_CHILD, model, str(steps), str(K), env=env)
 
 
 def main(argv=None):

@@ -43,17 +43,15 @@ Run: ``python -m benchmarks.startup [--models ...] [--repeats 3] [--baseline REF
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import write_results
+from benchmarks.common import run_child, write_results
 
 MODELS = ["hierarchical_logistic", "gp_rbf", "lkj_mvn"]
 GUIDES = ["AutoNormal", "UHAGuide", "UHAGuide(warm_start_steps=0)"]
@@ -156,19 +154,7 @@ def time_init(
         )
     if tree is not None:  # the package and benchmarks of another checkout
         env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
-    return _run_child(_CHILD, model, guide, *([device] if device else []), env=env, cwd=tree)
-
-
-def _run_child(script: str, *argv: str, env=None, cwd=None) -> dict:
-    """Run ``script`` in a fresh Python process; its ``RESULT {json}`` line."""
-    out = subprocess.run(
-        [sys.executable, "-c", script, *argv], capture_output=True, text=True,
-        check=False, env=env, cwd=cwd,
-    )
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{' / '.join(argv)} failed:\n{out.stderr[-3000:]}")
+    return run_child(_CHILD, model, guide, *([device] if device else []), env=env, cwd=tree)
 
 
 def main(argv=None):
@@ -309,7 +295,7 @@ def _main_cached(args):
 def _main_warm(args):
     rows = {}
     for model in args.models:
-        runs = [_run_child(_WARM_CHILD, model) for _ in range(args.repeats)]
+        runs = [run_child(_WARM_CHILD, model) for _ in range(args.repeats)]
         rows[model] = {
             key: {"seconds": [r[key] for r in runs],
                   "median_s": float(np.median([r[key] for r in runs]))}

@@ -196,13 +196,22 @@ def _trace_at(model, args, kwargs, seed):
         return handlers.trace(traced).get_trace(*args, **kwargs)
 
 
+def first_indices(msg):
+    """For :func:`numpyro.handlers.substitute`: a subsampled plate's first indices
+    instead of a random subsample (other sites: not substituted)."""
+    if msg["type"] != "plate":
+        return None
+    size, subsample_size = msg["args"][:2]
+    return jnp.arange(size if subsample_size is None else subsample_size)
+
+
 def _probe_point(site):
     """``init_to_uniform``'s value at a latent site; at a subsampled plate its first
-    indices, the same at every probe point: random ones made a loc read from the data
-    (``Normal(x[idx], 1)``) differ between two points as if it depended on a latent."""
+    indices (:func:`first_indices`), the same at every probe point: random ones made a
+    loc read from the data (``Normal(x[idx], 1)``) differ between two points as if it
+    depended on a latent."""
     if site["type"] == "plate":
-        size, subsample_size = site["args"][:2]
-        return jnp.arange(size if subsample_size is None else subsample_size)
+        return first_indices(site)
     return init_to_uniform(site)
 
 

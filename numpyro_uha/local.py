@@ -684,7 +684,7 @@ class UHALocalGuide(AutoGuide):
         try:
             with handlers.block():
                 trace = handlers.trace(_sampleable(
-                    handlers.seed(handlers.substitute(self.model, substitute_fn=_first_indices), 0)
+                    handlers.seed(handlers.substitute(self.model, substitute_fn=_decenter.first_indices), 0)
                 )).get_trace(*args, **kwargs)
         except TypeError as error:
             if args or kwargs:
@@ -1074,11 +1074,13 @@ class UHALocalGuide(AutoGuide):
                 return site["fn"].log_prob(site["value"])
             return site["value"]
 
-        same = [
-            n for n in self._observed_sites
+        pairs = {
+            n: (data(traces[0][n]), data(traces[1][n])) for n in self._observed_sites
             if n in traces[0] and n in traces[1]
-            and jnp.shape(data(traces[0][n])) == jnp.shape(data(traces[1][n]))
-            and bool(jnp.array_equal(data(traces[0][n]), data(traces[1][n])))
+        }
+        same = [
+            n for n, (a, b) in pairs.items()
+            if jnp.shape(a) == jnp.shape(b) and bool(jnp.array_equal(a, b))
         ]
         if same and len(same) == len(self._observed_sites):
             warnings.warn(
@@ -1654,15 +1656,6 @@ def _check_decenter(decenter):
             f"{decenter!r}."
         )
     return tuple(decenter)
-
-
-def _first_indices(msg):
-    """For :func:`numpyro.handlers.substitute`: a subsampled plate's first indices
-    instead of a random subsample (other sites: not substituted)."""
-    if msg["type"] != "plate":
-        return None
-    size, subsample_size = msg["args"][:2]
-    return jnp.arange(size if subsample_size is None else subsample_size)
 
 
 class _Hidden:

@@ -18,12 +18,13 @@ from numpyro_uha.guide import (
 from numpyro_uha._memory_maps import UHAMemoryMapWarning
 from numpyro_uha.core.sharding import shard_particles
 from numpyro_uha.io import load_fit, save_fit
-from numpyro_uha.local import LocalLogZ, UHALocalGuide
+from numpyro_uha.local import GlobalLogZ, LocalLogZ, UHALocalGuide
 
 __version__ = "0.1.0"
 
 __all__ = [
     "UHALocalGuide",
+    "GlobalLogZ",
     "LocalLogZ",
     "GROUPS",
     "UHADivergenceError",

@@ -45,6 +45,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_median, init_to_uniform
+from numpyro.infer.util import log_density
 import numpyro.distributions as dist
 from numpyro.distributions.util import sum_rightmost
 
@@ -95,7 +96,7 @@ from numpyro_uha.guide import (
     _split_static,
 )
 
-__all__ = ["UHALocalGuide", "LocalLogZ"]
+__all__ = ["UHALocalGuide", "LocalLogZ", "GlobalLogZ"]
 
 #: Chains (draws × data points) run together by the draw methods; bounds their memory.
 DRAW_ROWS = 65536
@@ -138,6 +139,59 @@ class LocalLogZ(NamedTuple):
     num_nonfinite: np.ndarray
     num_samples: int
     pareto_khat: np.ndarray | None = None
+
+
+class GlobalLogZ(NamedTuple):
+    """log p(x) of all the data and the weights of the global latents' draws, from
+    :meth:`UHALocalGuide.global_log_z`.
+
+    Draw s of the global guide, θ_s ~ q(θ), has the weight
+
+        w_s = p(θ_s) p(x_out | θ_s) Π_i p̂(x_i | θ_s) / q(θ_s),
+
+    p(x_out | θ) the observed sites outside the plate and p̂(x_i | θ) the mean of
+    ``num_samples`` UHA weights of data point i's chain given θ_s, an unbiased estimate of
+    p(x_i | θ_s). So E[w_s] = p(x) (the data points' chains are independent), and the
+    weights are importance weights of the globals' posterior marginal p(θ | x) against
+    the global guide: heavy-tailed (large ``pareto_khat``) where q(θ) misses it, e.g. a
+    hierarchy's group scale fitted too small.
+
+    Attributes:
+        log_z: log mean_s w_s, a consistent, lower-biased estimate of log p(x) of all
+            the data (every data point of the plate).
+        se: its standard error: that of the mean over the draws (delta method;
+            unreliable where ``pareto_khat`` ≥ 0.7) and ``chains_se`` together.
+        chains_se: the part of ``se`` from the chains' noise, common to every draw
+            (common random numbers): sqrt(Σ_i var(log p̂(x_i | θ))) by the delta method,
+            averaged over the weighted draws. It does not shrink with ``num_draws``,
+            only with ``num_samples``, and ``log_z`` is lower-biased by about half its
+            square.
+        elbo: mean_s log w_s, a lower bound on log p(x).
+        elbo_se: its standard error.
+        ess: the effective sample size of the weights, (Σ w)² / Σ w².
+        pareto_khat: the weights' Pareto k̂ (:func:`~numpyro_uha.evaluation.psis_khat`).
+            At 0.7 or above the global guide misses the globals' posterior: their
+            moments from :meth:`UHALocalGuide.sample_posterior` are off by more than
+            their spread suggests, and :meth:`~UHALocalGuide.global_log_z` warns.
+        samples: the draws θ_s, constrained, by global site name, leading axis
+            ``num_draws``.
+        log_weights: log w_s, shape ``(num_draws,)`` (-inf: a draw all of whose chains
+            at some data point diverged). With ``samples``, what
+            :func:`~numpyro_uha.evaluation.weighted_moments` and
+            :func:`~numpyro_uha.evaluation.importance_resample` take.
+        num_samples: chains per data point and draw.
+    """
+
+    log_z: float
+    se: float
+    chains_se: float
+    elbo: float
+    elbo_se: float
+    ess: float
+    pareto_khat: float
+    samples: dict
+    log_weights: np.ndarray
+    num_samples: int
 
     def __str__(self) -> str:
         bad = ""
@@ -1533,6 +1587,174 @@ class UHALocalGuide(AutoGuide):
             num_samples=int(log_w.shape[0]),
             pareto_khat=khat,
         )
+
+    def global_log_z(
+        self, rng_key, params, *args, num_draws=4000, num_samples=16, corrected=False,
+        **kwargs,
+    ) -> GlobalLogZ:
+        """log p(x) of all the data, and whether the global guide fits the globals'
+        posterior (:class:`GlobalLogZ`).
+
+        ``num_draws`` draws θ_s of the global guide, each weighted by the globals' prior
+        (and any observed site outside the plate) times, for *every* data point of the
+        plate, the mean of ``num_samples`` of its chains' weights given θ_s (an unbiased
+        estimate of p(x_i | θ_s)), over the global guide's density. The weights' mean
+        estimates p(x); their Pareto k̂ says whether q(θ) covers the globals' posterior
+        p(θ | x). The locally enhanced bound trained by SVI can fit q(θ) badly where
+        the data say little about each data point's local latents (a centered
+        hierarchy's group scale several times too small), and nothing else shows it;
+        this warns (:class:`~numpyro_uha.UHAFitWarning`) where k̂ ≥ 0.7.
+
+        Pass the model's arguments as in training: the data points are visited in
+        minibatches of the plate's subsample size (the whole plate, whatever
+        ``subsample_idx`` training used). Every draw θ_s uses the same chains' random
+        numbers at a data point (common random numbers), so the chains' noise, summed
+        over many data points, shifts all draws' weights alike instead of swamping
+        their differences; each w_s stays unbiased, and so does their mean.
+
+        Cost: ``num_draws × num_samples`` chains per data point (the defaults: 64 000),
+        run ``DRAW_ROWS`` at a time. ``corrected=True`` runs Hamiltonian AIS chains.
+        """
+        from numpyro_uha.evaluation.logz import log_z_from_weights
+
+        check_model_keywords(self._written_model, kwargs, self.global_log_z)
+        _check_int("num_draws", num_draws, 2)  # a mean and its standard error
+        _check_int("num_samples", num_samples, 2)  # the chains' variance at a data point
+        self._require_setup()
+        if not self._global_latents:
+            raise ValueError(
+                "UHALocalGuide.global_log_z: the model has no global latent sites; "
+                "log p(x) is the sum over data points of log_z(...).log_z (its total "
+                "over minibatches that cover the data)."
+            )
+        if _is_tracer(rng_key) or any(_is_tracer(x) for x in jax.tree.leaves(params)):
+            raise TypeError(
+                "UHALocalGuide.global_log_z returns host numbers (NumPy and float): call "
+                "it outside jax.jit and jax.vmap."
+            )
+        size, batch = self._sizes(args, kwargs)
+        if batch != size and self._indices_unused(args, kwargs, size, batch):
+            raise ValueError(
+                "UHALocalGuide.global_log_z: the model is passed its minibatch (the "
+                f"plate '{self._plate_name}' indices change nothing), so the other data "
+                "points cannot be visited: call it with the whole data set and the "
+                f"plate's full size ({size}) as the minibatch size."
+            )
+        arrays, spec = _split_static((args, kwargs), self._hold_data)
+        key_globals, key_chains = jax.random.split(rng_key)
+        globals_program = _jit_once(self._jitted, self._globals_impl, spec)
+        log_q, log_prior, samples = globals_program(
+            jax.random.split(key_globals, num_draws), params, arrays
+        )
+        # the chains, in blocks of draws × data points (one program whatever num_draws
+        # and the number of minibatches: the last block of each is padded and dropped)
+        width = max(1, min(num_draws, DRAW_ROWS // (num_samples * batch)))
+        num_blocks = -(-num_draws // width)
+        padded = jax.tree.map(
+            lambda x: jnp.concatenate(
+                [x, jnp.repeat(x[:1], num_blocks * width - num_draws, axis=0)]
+            ),
+            samples,
+        )
+        chains = _jit_once(
+            self._jitted, self._global_chains_impl, spec, num=num_samples,
+            corrected=corrected, rows=batch,
+        )
+        log_likelihood = np.zeros(num_draws)
+        chains_var = np.zeros(num_draws)  # Σ_i var(log p̂(x_i | θ_s))
+        for start in range(0, size, batch):
+            idx = np.arange(start, start + batch)
+            real = idx < size
+            idx = jnp.asarray(np.where(real, idx, 0), jnp.int32)
+            # independent between data points (the weights' product stays unbiased),
+            # common to the draws θ_s
+            keys = jax.random.split(jax.random.fold_in(key_chains, start), num_samples)
+            for b in range(num_blocks):
+                block = jax.tree.map(lambda x: x[b * width:(b + 1) * width], padded)
+                per_point, var = chains(keys, params, idx, arrays, block)
+                n = min(width, num_draws - b * width)
+                at = slice(b * width, b * width + n)
+                log_likelihood[at] += np.asarray(per_point, np.float64)[:n, real].sum(axis=1)
+                chains_var[at] += np.asarray(var, np.float64)[:n, real].sum(axis=1)
+        log_w = np.asarray(log_prior, np.float64) + log_likelihood - np.asarray(log_q, np.float64)
+        log_w = np.where(np.isnan(log_w), -np.inf, log_w)
+        estimate = log_z_from_weights(log_w)
+        khat = psis_khat(log_w)
+        # the chains' noise is common to the draws: it shifts log_z by about its sd,
+        # which the spread of the weights between draws cannot show
+        normalized = np.exp(log_w - np.max(log_w))
+        normalized /= normalized.sum()
+        chains_se = float(np.sqrt(np.sum(normalized * np.nan_to_num(chains_var, nan=0.0))))
+        if np.isfinite(khat) and khat >= KHAT_BAD:
+            warnings.warn(
+                f"UHALocalGuide.global_log_z: the global latents' importance weights have "
+                f"Pareto k̂ = {khat:.2f} ≥ {KHAT_BAD} (effective sample size "
+                f"{estimate.ess:.1f} of {num_draws}): the global guide misses the posterior "
+                "of the global latents, so their draws from sample_posterior (and "
+                "Predictive) are off by more than their spread says, and log_z is "
+                "lower-biased with too small an se. Where the data say little about each "
+                "data point (a hierarchy's group scale), refit with decenter=True and keep "
+                "the fit with the higher bound (evaluation.minibatch_bound); otherwise "
+                "train longer (each q_i moves only when its data point is in the "
+                "minibatch) or use a global guide that can fit correlations "
+                "(global_guide=AutoMultivariateNormal). Compare the globals with NUTS "
+                "where you can.",
+                UHAFitWarning,
+                stacklevel=2,
+            )
+        return GlobalLogZ(
+            log_z=estimate.iw,
+            se=float(np.hypot(estimate.iw_se, chains_se)),
+            chains_se=chains_se,
+            elbo=estimate.elbo,
+            elbo_se=estimate.elbo_se,
+            ess=estimate.ess,
+            pareto_khat=float(khat),
+            samples={n: np.asarray(v) for n, v in samples.items()},
+            log_weights=log_w,
+            num_samples=num_samples,
+        )
+
+    def _globals_impl(self, keys, params, arrays, *, spec):
+        """Draws of the global guide: (log q(θ_s), log prior of θ_s with the observed
+        sites outside the plate, θ_s by site name) for every key."""
+        args, kwargs = _merge_static(arrays, spec)
+        hidden = _Hidden(self.model, list(self._local_sites) + list(self._observed_sites))
+
+        def one(key):
+            key_guide, key_model = jax.random.split(key)
+            log_q, trace = log_density(
+                handlers.seed(self.global_guide, key_guide), args, kwargs, params
+            )
+            theta = {n: trace[n]["value"] for n in self._global_latents}
+            # the hidden model draws its (blocked) local sites: a key, unused by the density
+            log_prior, _ = log_density(
+                handlers.seed(hidden, key_model), args, kwargs, {**params, **theta}
+            )
+            return log_q, log_prior, theta
+
+        return jax.lax.map(one, keys)
+
+    def _global_chains_impl(
+        self, keys, params, idx, arrays, thetas, *, spec, num, corrected, rows
+    ):
+        """log of the mean of ``num`` chains' weights at each data point ``idx``, given
+        each θ of ``thetas`` (the same keys for every θ), and its delta-method variance:
+        each of shape ``(draws, rows)``."""
+
+        def per_theta(theta):
+            log_w = self._draws_impl(
+                keys, params, idx, arrays, theta, spec=spec, num=num, chunk=num,
+                corrected=corrected, rows=rows,
+            )[1]
+            log_w = jnp.where(jnp.isnan(log_w), -jnp.inf, log_w)  # diverged: w = 0
+            log_sum = jax.scipy.special.logsumexp(log_w, axis=0)
+            # the delta-method variance of log mean w, var(w) / (num mean(w)²), from
+            # Σw² / (Σw)² (in [1/num, 1]); NaN where every chain diverged
+            ratio = jnp.exp(jax.scipy.special.logsumexp(2 * log_w, axis=0) - 2 * log_sum)
+            return log_sum - jnp.log(num), (num * ratio - 1) / (num - 1)
+
+        return jax.vmap(per_theta)(thetas)  # thetas × num × rows ≤ DRAW_ROWS chains
 
     def _draws(
         self, rng_key, params, args, kwargs, sample_shape, subsample_idx, corrected=False,

@@ -101,6 +101,12 @@ __all__ = ["UHALocalGuide", "LocalLogZ", "GlobalLogZ"]
 #: Chains (draws × data points) run together by the draw methods; bounds their memory.
 DRAW_ROWS = 65536
 
+#: :meth:`UHALocalGuide.global_log_z` warns below this effective fraction of its draws:
+#: for a Gaussian q(θ) whose mean is off the posterior's by δ of their common sd, the
+#: fraction is exp(−δ²), 0.05 at δ = 1.73 (and k̂ can miss such a shift where the
+#: weights' tail is short: a guide on the far side of a narrow posterior)
+ESS_FRACTION_BAD = 0.05
+
 #: The groups ``per_data_point=True`` makes per data point (q always is, or is amortized).
 ANNEALING_GROUPS = tuple(g for g in GROUPS if g != "q")
 
@@ -170,9 +176,10 @@ class GlobalLogZ(NamedTuple):
         elbo_se: its standard error.
         ess: the effective sample size of the weights, (Σ w)² / Σ w².
         pareto_khat: the weights' Pareto k̂ (:func:`~numpyro_uha.evaluation.psis_khat`).
-            At 0.7 or above the global guide misses the globals' posterior: their
-            moments from :meth:`UHALocalGuide.sample_posterior` are off by more than
-            their spread suggests, and :meth:`~UHALocalGuide.global_log_z` warns.
+            At 0.7 or above (or with ``ess`` under 5 % of the draws) the global guide
+            misses the globals' posterior: their moments from
+            :meth:`UHALocalGuide.sample_posterior` are off by more than their spread
+            suggests, and :meth:`~UHALocalGuide.global_log_z` warns.
         samples: the draws θ_s, constrained, by global site name, leading axis
             ``num_draws``.
         log_weights: log w_s, shape ``(num_draws,)`` (-inf: a draw all of whose chains
@@ -1603,7 +1610,8 @@ class UHALocalGuide(AutoGuide):
         p(θ | x). The locally enhanced bound trained by SVI can fit q(θ) badly where
         the data say little about each data point's local latents (a centered
         hierarchy's group scale several times too small), and nothing else shows it;
-        this warns (:class:`~numpyro_uha.UHAFitWarning`) where k̂ ≥ 0.7.
+        this warns (:class:`~numpyro_uha.UHAFitWarning`) where k̂ ≥ 0.7 or fewer than
+        5 % of the draws are effective (``ESS_FRACTION_BAD``).
 
         Pass the model's arguments as in training: the data points are visited in
         minibatches of the plate's subsample size (the whole plate, whatever
@@ -1685,23 +1693,7 @@ class UHALocalGuide(AutoGuide):
         normalized = np.exp(log_w - np.max(log_w))
         normalized /= normalized.sum()
         chains_se = float(np.sqrt(np.sum(normalized * np.nan_to_num(chains_var, nan=0.0))))
-        if np.isfinite(khat) and khat >= KHAT_BAD:
-            warnings.warn(
-                f"UHALocalGuide.global_log_z: the global latents' importance weights have "
-                f"Pareto k̂ = {khat:.2f} ≥ {KHAT_BAD} (effective sample size "
-                f"{estimate.ess:.1f} of {num_draws}): the global guide misses the posterior "
-                "of the global latents, so their draws from sample_posterior (and "
-                "Predictive) are off by more than their spread says, and log_z is "
-                "lower-biased with too small an se. Where the data say little about each "
-                "data point (a hierarchy's group scale), refit with decenter=True and keep "
-                "the fit with the higher bound (evaluation.minibatch_bound); otherwise "
-                "train longer (each q_i moves only when its data point is in the "
-                "minibatch) or use a global guide that can fit correlations "
-                "(global_guide=AutoMultivariateNormal). Compare the globals with NUTS "
-                "where you can.",
-                UHAFitWarning,
-                stacklevel=2,
-            )
+        _warn_if_globals_missed(khat, estimate.ess, num_draws)
         return GlobalLogZ(
             log_z=estimate.iw,
             se=float(np.hypot(estimate.iw_se, chains_se)),
@@ -1829,6 +1821,36 @@ class UHALocalGuide(AutoGuide):
         state = dict(self.__dict__)
         state["_jitted"] = {}  # compiled programs do not pickle; rebuilt on first use
         return state
+
+
+def _warn_if_globals_missed(khat, ess, num_draws):
+    """:class:`~numpyro_uha.UHAFitWarning` where the global draws' importance weights of
+    :meth:`UHALocalGuide.global_log_z` say q(θ) misses p(θ | x): Pareto k̂ ≥
+    ``KHAT_BAD`` or an effective sample size under ``ESS_FRACTION_BAD`` of the draws."""
+    heavy = bool(np.isfinite(khat) and khat >= KHAT_BAD)
+    few = bool(ess < ESS_FRACTION_BAD * num_draws)
+    if heavy or few:
+        reasons = [f"Pareto k̂ = {khat:.2f} ≥ {KHAT_BAD}"] if heavy else []
+        if few:
+            reasons.append(
+                f"an effective sample size of {ess:.1f} of {num_draws} draws "
+                f"(under {100 * ESS_FRACTION_BAD:g} %)"
+            )
+        warnings.warn(
+            f"UHALocalGuide.global_log_z: the global latents' importance weights have "
+            f"{' and '.join(reasons)}: the global guide misses the posterior "
+            "of the global latents, so their draws from sample_posterior (and "
+            "Predictive) are off by more than their spread says, and log_z is "
+            "lower-biased with too small an se. Refit the other way (decenter=True "
+            "where the data say little about each data point, as a hierarchy's group "
+            "scale; without it where they say much) and keep the fit with the higher "
+            "global_log_z(...).log_z; train longer (each q_i moves only when its data "
+            "point is in the minibatch) or use a global guide that can fit "
+            "correlations (global_guide=AutoMultivariateNormal). Compare the globals "
+            "with NUTS where you can.",
+            UHAFitWarning,
+            stacklevel=3,
+        )
 
 
 def _warn_if_points_fit_poorly(khat, num_nonfinite, num_samples, idx, per_data_point):

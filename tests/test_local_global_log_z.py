@@ -146,11 +146,33 @@ def test_a_collapsed_group_scale_is_warned_about_and_the_weights_move_it_back(fi
     result, fit_warnings = _global_log_z(guide, collapsed, num_draws=2000)
     assert result.pareto_khat >= 0.7
     assert len(fit_warnings) == 1 and "decenter=True" in str(fit_warnings[0].message)
+    assert fit_warnings[0].filename == __file__  # the line that called global_log_z
     guide_mean = float(np.mean(result.samples["tau"]))
     assert weighted_moments(result)["tau"][0] > guide_mean + 0.1
     # and its log p(x) is far below the good fit's (a worse proposal, lower-biased)
     good, _ = _global_log_z(guide, params, num_draws=2000)
     assert result.log_z < good.log_z - 4 * np.hypot(result.se, good.se)
+
+
+@pytest.mark.parametrize(
+    "khat, ess, expected",
+    [(0.3, 3000.0, None), (0.9, 3000.0, "k̂ = 0.90 ≥ 0.7"), (0.3, 150.0, "under 5 %"),
+     (float("inf"), 3000.0, None)],
+)
+def test_the_warning_rule_is_heavy_tails_or_few_effective_draws(khat, ess, expected):
+    # k̂ alone misses a guide on the far side of a narrow posterior (short-tailed weights,
+    # few effective: benchmarks.global_khat's poisson_mixed with decenter=True, one key
+    # k̂ -0.29 with 164 of 4000 draws effective); an inf k̂ (too few draws) says nothing
+    from numpyro_uha.local import _warn_if_globals_missed
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _warn_if_globals_missed(khat, ess, 4000)
+    messages = [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
+    if expected is None:
+        assert not messages
+    else:
+        assert len(messages) == 1 and expected in messages[0] and "decenter=True" in messages[0]
 
 
 def test_the_last_minibatch_is_padded_and_its_padding_dropped(fitted):

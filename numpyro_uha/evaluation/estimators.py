@@ -467,8 +467,9 @@ def _check_guide(guide):
         if isinstance(guide, UHALocalGuide):
             hint = (
                 " A UHALocalGuide estimates per data point: its own log_z and "
-                "log_weights (corrected=True for Hamiltonian AIS), and for the whole "
-                "model's bound numpyro_uha.evaluation.minibatch_bound."
+                "log_weights (corrected=True for Hamiltonian AIS); for all the data, "
+                "its global_log_z (log p(x), with weights of the globals' draws) and "
+                "the whole model's bound numpyro_uha.evaluation.minibatch_bound."
             )
         raise TypeError(f"expected a UHAGuide, got {type(guide).__name__}.{hint}")
     guide._require_setup()
@@ -609,7 +610,8 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
     """log Z estimates of a trained :class:`~numpyro_uha.UHAGuide` or any NumPyro AutoGuide.
 
     For a :class:`~numpyro_uha.UHALocalGuide`, log p(x_i) per data point and summed
-    (:meth:`~numpyro_uha.UHALocalGuide.log_z`, a :class:`~numpyro_uha.local.LocalLogZ`).
+    (:meth:`~numpyro_uha.UHALocalGuide.log_z`, a :class:`~numpyro_uha.local.LocalLogZ`);
+    log p(x) of all the data is its :meth:`~numpyro_uha.UHALocalGuide.global_log_z`.
 
     For a UHAGuide, runs ``num_draws`` UHA chains on the model with ``*args, **kwargs``
     (the data it was trained on). For any other AutoGuide (``AutoNormal``,

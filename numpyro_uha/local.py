@@ -146,6 +146,17 @@ class LocalLogZ(NamedTuple):
     num_samples: int
     pareto_khat: np.ndarray | None = None
 
+    def __str__(self) -> str:
+        bad = ""
+        if self.pareto_khat is not None:
+            count = int(np.sum(np.asarray(self.pareto_khat) >= KHAT_BAD))
+            bad = f"; Pareto k̂ ≥ {KHAT_BAD} at {count}" if count else ""
+        return (
+            f"{len(self.log_z)} data points: log-likelihood {self.total:.2f} ± "
+            f"{self.total_se:.2f} | ELBO {self.total_elbo:.2f} ± {self.total_elbo_se:.2f} "
+            f"({self.num_samples} chains each{bad})"
+        )
+
 
 class GlobalLogZ(NamedTuple):
     """log p(x) of all the data and the weights of the global latents' draws, from
@@ -201,14 +212,11 @@ class GlobalLogZ(NamedTuple):
     num_samples: int
 
     def __str__(self) -> str:
-        bad = ""
-        if self.pareto_khat is not None:
-            count = int(np.sum(np.asarray(self.pareto_khat) >= KHAT_BAD))
-            bad = f"; Pareto k̂ ≥ {KHAT_BAD} at {count}" if count else ""
         return (
-            f"{len(self.log_z)} data points: log-likelihood {self.total:.2f} ± "
-            f"{self.total_se:.2f} | ELBO {self.total_elbo:.2f} ± {self.total_elbo_se:.2f} "
-            f"({self.num_samples} chains each{bad})"
+            f"log p(x) {self.log_z:.2f} ± {self.se:.2f} (chains {self.chains_se:.2f}) | "
+            f"ELBO {self.elbo:.2f} ± {self.elbo_se:.2f} | Pareto k̂ {self.pareto_khat:.2f}, "
+            f"ESS {self.ess:.0f} of {self.log_weights.shape[0]} draws "
+            f"({self.num_samples} chains per data point and draw)"
         )
 
 
@@ -267,8 +275,10 @@ class UHALocalGuide(AutoGuide):
             Equinox), as a NumPyro guide would.
         global_guide: the guide of the global latents: ``None`` (an ``AutoNormal``), an
             ``AutoGuide`` class or any callable ``model -> guide`` (called with the model
-            with the plate's sites hidden), or a guide instance the user built (on a
-            model without the plate's sites). Ignored when the model has no global
+            with the plate's sites hidden; a hand-written guide function goes in as
+            ``lambda model: my_guide`` and returns a dict of the global latents'
+            values), or a guide instance the user built (on a model without the plate's
+            sites). Ignored when the model has no global
             latents. Not a :class:`~numpyro_uha.UHAGuide` (a ``TypeError``): fit on
             the model with the plate's sites hidden, its chain would anneal to the
             globals' prior; anneal globals and locals together with ``UHAGuide`` on
@@ -805,7 +815,21 @@ class UHALocalGuide(AutoGuide):
             return choice(hidden, prefix=f"{self.prefix}_global")
         if isinstance(choice, AutoGuide) or not callable(choice):
             return choice
-        guide = choice(hidden)
+        name = getattr(choice, "__name__", type(choice).__name__)
+        advice = (
+            f"global_guide={name} is called as a factory, model -> guide (with the model "
+            "with the plate's sites hidden); a guide function of the model's arguments "
+            f"goes in as global_guide=lambda model: {name}, and must return a dict of "
+            "the global latents' values, as AutoGuides do"
+        )
+        try:
+            guide = choice(hidden)
+        except TypeError as e:
+            raise TypeError(f"UHALocalGuide: {advice}. Calling it raised: {e}") from e
+        if not callable(guide):
+            raise TypeError(
+                f"UHALocalGuide: {advice}. It returned {type(guide).__name__}, not a guide."
+            )
         _refuse_uha_global_guide(guide)  # what a factory built
         return guide
 
@@ -1196,6 +1220,37 @@ class UHALocalGuide(AutoGuide):
                 "call the guide once with the model's arguments first."
             )
 
+    def _check_params_given(self, params, size, where):
+        """A clear error where ``params`` lack the guide's own parameters (an empty or
+        wrong dict would run on their initial values) or its per-data-point ones were
+        fitted for another number of data points (rows past them would be NaN)."""
+        if not isinstance(params, dict):
+            raise TypeError(
+                f"UHALocalGuide.{where}: params must be a dict of parameter values "
+                f"(svi.get_params(state) or svi.run(...).params), got {type(params).__name__}."
+            )
+        own = {f"{self.prefix}_{short}" for short in self._init_values}
+        if self.encoder is None:
+            own |= {f"{self.prefix}_loc", f"{self.prefix}_scale"}
+        missing = sorted(own - set(params))
+        if missing:
+            raise ValueError(
+                f"UHALocalGuide.{where}: params lacks the guide's parameter(s) "
+                f"{missing[:6]}{' ...' if len(missing) > 6 else ''}; pass all of them, "
+                "svi.get_params(state) or svi.run(...).params (with prefix="
+                f"'{self.prefix}')."
+            )
+        if self.encoder is None:
+            rows = jnp.shape(params[f"{self.prefix}_loc"])[0]
+            if rows != size:
+                raise ValueError(
+                    f"UHALocalGuide.{where}: the plate '{self._plate_name}' has {size} data "
+                    f"points in this call, but the per-data-point parameters "
+                    f"({self.prefix}_loc) were fitted for {rows}: data points past those "
+                    "have no q_i. Pass the data the guide was fitted to (an encoder, "
+                    "encoder=..., is what generalizes to new data points)."
+                )
+
     # ----------------------------------------------------------------- guide
     def _annealing(self, values, loc, scale):
         """The core's per-row parameters from the registered values."""
@@ -1293,6 +1348,17 @@ class UHALocalGuide(AutoGuide):
             global_values = dict(fixed_globals)
         else:
             global_values = self.global_guide(*args, **kwargs) if self.global_guide else {}
+            if not isinstance(global_values, dict) or any(
+                n not in global_values for n in self._global_latents
+            ):
+                got = (sorted(global_values) if isinstance(global_values, dict)
+                       else type(global_values).__name__)
+                raise TypeError(
+                    "UHALocalGuide: the global guide must return a dict of every global "
+                    f"latent site's value ({list(self._global_latents)}), as AutoGuides "
+                    f"do; it returned {got}. A hand-written guide: end it with "
+                    "return {'name': value, ...}."
+                )
         global_values = {n: global_values[n] for n in self._global_latents}
         model_params = {
             n: numpyro.param(n, s["value"], **s["kwargs"])
@@ -1641,6 +1707,7 @@ class UHALocalGuide(AutoGuide):
                 "it outside jax.jit and jax.vmap."
             )
         size, batch = self._sizes(args, kwargs)
+        self._check_params_given(params, size, "global_log_z")
         if batch != size and self._indices_unused(args, kwargs, size, batch):
             raise ValueError(
                 "UHALocalGuide.global_log_z: the model is passed its minibatch (the "
@@ -1654,6 +1721,17 @@ class UHALocalGuide(AutoGuide):
         log_q, log_prior, samples = globals_program(
             jax.random.split(key_globals, num_draws), params, arrays
         )
+        fixed = [n for n, v in samples.items()
+                 if np.asarray(v).size and np.all(np.asarray(v) == np.asarray(v)[:1])]
+        if fixed:
+            raise ValueError(
+                f"UHALocalGuide.global_log_z: the global guide gave every draw the same "
+                f"value of {fixed}: a point mass (AutoDelta; AutoLaplaceApproximation "
+                "during training), which has no density to weigh its draws by, so "
+                "neither log p(x) nor the check can be computed. Fit the globals with "
+                "a guide that has a density (AutoNormal, the default; "
+                "AutoMultivariateNormal) for this."
+            )
         # the chains, in blocks of draws × data points (one program whatever num_draws
         # and the number of minibatches: the last block of each is padded and dropped)
         width = max(1, min(num_draws, DRAW_ROWS // (num_samples * batch)))
@@ -1718,6 +1796,14 @@ class UHALocalGuide(AutoGuide):
             log_q, trace = log_density(
                 handlers.seed(self.global_guide, key_guide), args, kwargs, params
             )
+            unset = sorted(n for n, site in trace.items()
+                           if site["type"] == "param" and n not in params)
+            if unset:
+                raise ValueError(
+                    "UHALocalGuide.global_log_z: params lacks the global guide's "
+                    f"parameter(s) {unset[:6]}; pass all of them, svi.get_params(state) or "
+                    "svi.run(...).params."
+                )
             theta = {n: trace[n]["value"] for n in self._global_latents}
             # the hidden model draws its (blocked) local sites: a key, unused by the density
             log_prior, _ = log_density(
@@ -1755,7 +1841,9 @@ class UHALocalGuide(AutoGuide):
         """``(draws, log_w)`` with leading ``sample_shape`` (and the chains' divergence
         flags, shape ``sample_shape + (B,)``, third, ``with_diverged``)."""
         self._require_setup()
-        idx = self._subsample(subsample_idx, *self._sizes(args, kwargs), args, kwargs)
+        size, subsample_size = self._sizes(args, kwargs)
+        self._check_params_given(params, size, "the draw methods")
+        idx = self._subsample(subsample_idx, size, subsample_size, args, kwargs)
         sample_shape = _sample_shape(sample_shape, "UHALocalGuide")
         num = max(int(np.prod(sample_shape, dtype=int)), 1)
         arrays, spec = _split_static((args, kwargs), self._hold_data)

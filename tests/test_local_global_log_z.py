@@ -12,6 +12,7 @@ posterior's moments, each q_i at z_i's conditional posterior given them.
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -206,3 +207,70 @@ def test_bad_calls_are_refused_with_the_reason(fitted):
     state = svi.init(jax.random.PRNGKey(0), jnp.asarray(Y), BATCH)
     with pytest.raises(ValueError, match="no global latent sites"):
         local_only.global_log_z(jax.random.PRNGKey(1), svi.get_params(state), jnp.asarray(Y), BATCH)
+
+
+def test_a_point_mass_global_guide_is_refused():
+    # AutoDelta's draws are all the same value and log q = 0: the weights would be the
+    # joint density at one point, not an estimate of p(x)
+    from numpyro.infer.autoguide import AutoDelta
+
+    guide = UHALocalGuide(model, K=2, global_guide=AutoDelta)
+    svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), jnp.asarray(Y), BATCH, Y0))
+    with pytest.raises(ValueError, match=r"same value of \['mu', 'tau'\]: a point mass"):
+        guide.global_log_z(jax.random.PRNGKey(1), params, jnp.asarray(Y), BATCH, Y0, num_draws=10)
+
+
+def test_params_that_are_not_the_fits_are_refused(fitted):
+    # an empty or partial dict ran on the initial values; data past the fitted points
+    # gave NaN rows, reported as divergences ("lower the step size")
+    guide, params = fitted
+    y, call = jnp.asarray(Y), partial(guide.global_log_z, jax.random.PRNGKey(1), num_draws=10)
+    with pytest.raises(ValueError, match=r"lacks the guide's parameter\(s\) \['local_beta_logits'"):
+        call({}, y, BATCH, Y0)
+    with pytest.raises(ValueError, match=r"global guide's parameter\(s\) \['tau_local_global_loc'\]"):
+        call({k: v for k, v in params.items() if k != "tau_local_global_loc"}, y, BATCH, Y0)
+    longer = jnp.concatenate([y, y[:5]])
+    with pytest.raises(ValueError, match="has 15 data points in this call, but the per-data-point"):
+        call(params, longer, BATCH, Y0)
+    with pytest.raises(ValueError, match="has 15 data points"):  # the draw methods too
+        guide.sample_posterior(jax.random.PRNGKey(1), params, longer, BATCH, Y0,
+                               subsample_idx=jnp.arange(10, 14))
+
+
+def _hand(y, batch, y0, returns=True):
+    m = numpyro.param("m_loc", 0.0)
+    t = numpyro.param("t_loc", 0.0)
+    mu = numpyro.sample("mu", dist.Normal(m, 0.3))
+    tau = numpyro.sample("tau", dist.LogNormal(t, 0.3))
+    return {"mu": mu, "tau": tau} if returns else None
+
+
+def test_a_hand_written_global_guide_gets_clear_errors():
+    # a plain guide function was called as a factory (a bare "missing argument"
+    # TypeError), and one that returned None failed with "'NoneType' object is not
+    # subscriptable"
+    def init(global_guide):
+        guide = UHALocalGuide(model, K=2, global_guide=global_guide)
+        svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+        return guide, svi.get_params(svi.init(jax.random.PRNGKey(0), jnp.asarray(Y), BATCH, Y0))
+
+    with pytest.raises(TypeError, match="goes in as global_guide=lambda model: _hand"):
+        init(_hand)
+    with pytest.raises(TypeError, match=r"must return a dict .*\['mu', 'tau'\].* it returned NoneType"):
+        init(lambda m: partial(_hand, returns=False))
+    guide, params = init(lambda m: _hand)
+    assert {"m_loc", "t_loc"} <= set(params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UHAFitWarning)
+        result = guide.global_log_z(jax.random.PRNGKey(1), params, jnp.asarray(Y), BATCH, Y0,
+                                    num_draws=50)
+    assert np.isfinite(result.log_z)
+
+
+def test_the_result_prints_its_estimate_and_diagnostics(fitted):
+    guide, params = fitted
+    result, _ = _global_log_z(guide, params, num_draws=100)
+    text = str(result)
+    assert text.startswith(f"log p(x) {result.log_z:.2f} ± {result.se:.2f}")
+    assert f"Pareto k̂ {result.pareto_khat:.2f}, ESS" in text and "of 100 draws" in text

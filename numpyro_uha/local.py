@@ -33,6 +33,7 @@ weights as ``numpyro.param`` sites of the model.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from functools import partial
 from typing import NamedTuple
 
@@ -1224,7 +1225,7 @@ class UHALocalGuide(AutoGuide):
         """A clear error where ``params`` lack the guide's own parameters (an empty or
         wrong dict would run on their initial values) or its per-data-point ones were
         fitted for another number of data points (rows past them would be NaN)."""
-        if not isinstance(params, dict):
+        if not isinstance(params, Mapping):
             raise TypeError(
                 f"UHALocalGuide.{where}: params must be a dict of parameter values "
                 f"(svi.get_params(state) or svi.run(...).params), got {type(params).__name__}."

@@ -19,4 +19,4 @@ def test_global_khat_smoke(tmp_path):
     # 20 steps leave the guide far from the posterior: the weights say so
     assert check["warned"] and check["pareto_khat"] >= 0.7
     assert check["se"] >= check["chains_se"] > 0
-    assert "| normal_informed | centered | tau " in (tmp_path / "smoke.md").read_text()
+    assert "| normal_informed | centered, 20 | tau " in (tmp_path / "smoke.md").read_text()

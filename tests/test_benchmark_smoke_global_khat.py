@@ -1,4 +1,5 @@
-"""Smoke run of `python -m benchmarks.global_khat --smoke` (see benchmark_smoke.py)."""
+"""Smoke runs of `python -m benchmarks.global_khat --smoke` and
+`python -m benchmarks.global_log_z_calibration --smoke` (see benchmark_smoke.py)."""
 
 import json
 
@@ -20,3 +21,14 @@ def test_global_khat_smoke(tmp_path):
     assert check["warned"] and check["pareto_khat"] >= 0.7
     assert check["se"] >= check["chains_se"] > 0
     assert "| normal_informed | centered, 20 | tau " in (tmp_path / "smoke.md").read_text()
+
+
+@pytest.mark.slow
+def test_global_log_z_calibration_smoke(tmp_path):
+    run_smoke("global_log_z_calibration", tmp_path)
+    payload = json.loads((tmp_path / "smoke.json").read_text())
+    (row,) = payload["rows"]
+    assert (row["model"], row["num_samples"], len(row["log_z"])) == ("normal_informed", 4, 2)
+    # 20 steps: far off, and it says so
+    assert row["warned"] == 2 and all(s >= c for s, c in zip(row["se"], row["chains_se"]))
+    assert "| normal_informed | centered, 20 | 4 |" in (tmp_path / "smoke.md").read_text()

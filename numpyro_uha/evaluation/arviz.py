@@ -132,8 +132,9 @@ def _check_draws(draws, where, allow_nonfinite=False):
     return log_w, log_w.size, sample_shape
 
 
-def _finite_draws(draws, log_w, total):
-    """Mask of the draws whose log weight and latent (if present) are finite."""
+def _host_finite_mask(draws, log_w, total):
+    """Mask of the draws whose log weight and latent (if present) are finite, on the host
+    (NumPy; guide._finite_draws is the jitted per-draw mask of the draw methods)."""
     finite = np.isfinite(log_w)
     latent = getattr(draws, "latent", None)
     if latent is not None and np.size(latent):
@@ -328,7 +329,7 @@ def to_inference_data(
     log_w, total, sample_shape = _check_draws(draws, "to_inference_data", allow_nonfinite=True)
     if np.any(log_w == np.inf):
         _check_log_weights(log_w, "to_inference_data")  # raises, naming the count
-    finite = _finite_draws(draws, log_w, total)
+    finite = _host_finite_mask(draws, log_w, total)
     num_bad = int(total - np.sum(finite))
     num_nonfinite = num_bad + int(getattr(draws, "num_dropped", 0) or 0)
     if num_bad:

@@ -125,6 +125,16 @@ def test_log_z_of_all_the_data_matches_quadrature(fitted):
     assert importance_resample(jax.random.PRNGKey(2), result, 50)["tau"].shape == (50,)
 
 
+def test_hamiltonian_ais_chains_give_the_same_log_z(fitted):
+    # corrected=True: each p̂(x_i | θ) from Metropolis-corrected chains, unbiased too
+    guide, params = fitted
+    result, _ = _global_log_z(guide, params, num_draws=2000, num_samples=32, corrected=True)
+    assert abs(result.log_z - EXACT_LOG_Z) < 4 * result.se, (result.log_z, EXACT_LOG_Z, result.se)
+    # the same keys, other chains (the flag reaches them): other weights
+    uha, _ = _global_log_z(guide, params, num_draws=2000, num_samples=32)
+    assert not np.allclose(result.log_weights, uha.log_weights)
+
+
 def test_a_global_guide_with_correlations_gives_the_same_log_z():
     # AutoMultivariateNormal draws _auto_latent and puts each site's Jacobian in a Delta
     # site: the guide's density of θ is their sum, as for AutoNormal's sites

@@ -20,13 +20,11 @@ import warnings
 
 import jax
 import numpy as np
-import optax
-from numpyro.infer import SVI, Trace_ELBO
 
 from benchmarks.common import write_results
-from benchmarks.global_khat import BATCH, MODELS
+from benchmarks.global_khat import BATCH, MODELS, fit
 from benchmarks.local_globals import exact
-from numpyro_uha import UHAFitWarning, UHALocalGuide
+from numpyro_uha import UHAFitWarning
 
 FITS = [("normal_informed", 0.3, False, 1500), ("normal_weak", 1.0, True, 6000)]
 
@@ -54,9 +52,7 @@ def main(argv=None) -> None:
     for name, noise, decenter, steps in fits:
         model, y, _ = MODELS[name]()
         ref = exact(y, noise)["log_z"]
-        guide = UHALocalGuide(model, K=8, decenter=decenter)
-        svi = SVI(model, guide, optax.adam(optax.exponential_decay(1e-2, steps, 0.1)), Trace_ELBO())
-        params = svi.run(jax.random.PRNGKey(0), steps, y, BATCH, progress_bar=False).params
+        guide, params = fit(model, (y,), decenter, steps, BATCH)
         for num_samples in args.num_samples:
             results, warned = [], 0
             for key in range(args.keys):
@@ -75,9 +71,9 @@ def main(argv=None) -> None:
                 "chains_se": [r.chains_se for r in results], "warned": warned,
             }
             rows.append(row)
-            fit = f"{'decenter=True' if decenter else 'centered'}, {steps}"
+            fit_name = f"{'decenter=True' if decenter else 'centered'}, {steps}"
             md += (
-                f"| {name} | {fit} | {num_samples} | {ref:.3f} | {log_z.mean():.3f} "
+                f"| {name} | {fit_name} | {num_samples} | {ref:.3f} | {log_z.mean():.3f} "
                 f"| {log_z.mean() - ref:+.3f} | {log_z.std(ddof=1):.3f} | {se.mean():.3f} "
                 f"({np.mean(row['chains_se']):.3f}) | {np.max(np.abs(log_z - ref) / se):.2f} "
                 f"| {warned} of {args.keys} |\n"

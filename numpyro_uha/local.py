@@ -807,8 +807,13 @@ class UHALocalGuide(AutoGuide):
                 values[n] = trace[n]["value"]
         return values
 
+    def _hidden_model(self):
+        """The model with the plate's sites hidden: the global guide's model, and the
+        globals' prior (with any observed site outside the plate) in global_log_z."""
+        return _Hidden(self.model, list(self._local_sites) + list(self._observed_sites))
+
     def _make_global_guide(self):
-        hidden = _Hidden(self.model, list(self._local_sites) + list(self._observed_sites))
+        hidden = self._hidden_model()
         choice = self._global_guide_arg
         if choice is None:
             return AutoNormal(hidden, prefix=f"{self.prefix}_global")
@@ -1726,8 +1731,8 @@ class UHALocalGuide(AutoGuide):
         log_q, log_prior, samples = globals_program(
             jax.random.split(key_globals, num_draws), params, arrays
         )
-        fixed = [n for n, v in samples.items()
-                 if np.asarray(v).size and np.all(np.asarray(v) == np.asarray(v)[:1])]
+        host_samples = {n: np.asarray(v) for n, v in samples.items()}
+        fixed = [n for n, v in host_samples.items() if v.size and np.all(v == v[:1])]
         if fixed:
             raise ValueError(
                 f"UHALocalGuide.global_log_z: the global guide gave every draw the same "
@@ -1785,7 +1790,7 @@ class UHALocalGuide(AutoGuide):
             elbo_se=estimate.elbo_se,
             ess=estimate.ess,
             pareto_khat=float(khat),
-            samples={n: np.asarray(v) for n, v in samples.items()},
+            samples=host_samples,
             log_weights=log_w,
             num_samples=num_samples,
         )
@@ -1794,7 +1799,7 @@ class UHALocalGuide(AutoGuide):
         """Draws of the global guide: (log q(θ_s), log prior of θ_s with the observed
         sites outside the plate, θ_s by site name) for every key."""
         args, kwargs = _merge_static(arrays, spec)
-        hidden = _Hidden(self.model, list(self._local_sites) + list(self._observed_sites))
+        hidden = self._hidden_model()
 
         def one(key):
             key_guide, key_model = jax.random.split(key)

@@ -19,6 +19,7 @@ Models: ``normal_informed`` (60 groups, ybar ~ Normal(z, 0.3), z ~ Normal(mu, ta
 steps for both fits: there ``decenter=True`` puts the scale twice too high).
 
     python -m benchmarks.global_khat            # about 6 minutes on 2 cores
+    python -m benchmarks.global_khat --num-samples 64 --name global_khat_64  # 64 chains
     python -m benchmarks.global_khat --smoke    # tiny, for the test suite
 """
 
@@ -123,7 +124,7 @@ def fit(model, data, decenter, steps, batch):
     return guide, svi.run(jax.random.PRNGKey(0), steps, *data, batch, progress_bar=False).params
 
 
-def fit_and_check(model, data, site, decenter, steps, batch, seeds, num_draws):
+def fit_and_check(model, data, site, decenter, steps, batch, seeds, num_draws, num_samples=16):
     start = time.perf_counter()
     guide, params = fit(model, data, decenter, steps, batch)
     fit_s = time.perf_counter() - start
@@ -133,7 +134,7 @@ def fit_and_check(model, data, site, decenter, steps, batch, seeds, num_draws):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = guide.global_log_z(jax.random.PRNGKey(10 + seed), params, *data, batch,
-                                        num_draws=num_draws)
+                                        num_draws=num_draws, num_samples=num_samples)
         checks.append({
             "seed": seed, "seconds": time.perf_counter() - start,
             "pareto_khat": result.pareto_khat, "ess": result.ess,
@@ -151,6 +152,8 @@ def main(argv=None) -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--name", default="global_khat")
+    parser.add_argument("--num-samples", type=int, default=16,
+                        help="global_log_z's chains per data point and draw")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     args = parser.parse_args(argv)
     fits, num_draws, nuts_samples = FITS, 4000, 1000
@@ -161,7 +164,7 @@ def main(argv=None) -> None:
     md = (
         f"`UHALocalGuide(K=8)`, minibatches of {BATCH} (poisson_mixed: 50), Adam 1e-2 "
         "decaying tenfold, the steps in the fit column. `global_log_z` with "
-        f"{num_draws} draws and 16 chains per data point and draw, keys 10-{9 + args.seeds}. "
+        f"{num_draws} draws and {args.num_samples} chains per data point and draw, keys 10-{9 + args.seeds}. "
         "The group scale: the guide's mean ± sd, the weighted draws' mean (median over "
         "keys), NUTS's mean ± sd on the full data, z = (guide − NUTS) / NUTS sd; k̂ and ESS "
         "per key; warned: keys whose call warned (k̂ ≥ 0.7 or ESS under 5 % of the draws); log p(x) of key 10 ± se "
@@ -177,7 +180,8 @@ def main(argv=None) -> None:
         if args.smoke:
             model_fits, batch = fits, BATCH
         for fit_name, (decenter, steps) in model_fits.items():
-            out = fit_and_check(model, data, site, decenter, steps, batch, args.seeds, num_draws)
+            out = fit_and_check(model, data, site, decenter, steps, batch, args.seeds, num_draws,
+                                args.num_samples)
             c = out["checks"]
             row = {"model": name, "fit": fit_name, "steps": steps, "batch": batch, "site": site,
                    "nuts_mean": ref_mean, "nuts_sd": ref_sd, **out}
@@ -195,7 +199,7 @@ def main(argv=None) -> None:
                 f"| {c[0]['log_z']:.2f} ± {c[0]['se']:.2f} ({c[0]['chains_se']:.2f}) "
                 f"| {out['fit_seconds']:.0f} | {np.median([x['seconds'] for x in c]):.1f} |\n"
             )
-    path = write_results(args.name, {"num_draws": num_draws, "rows": rows}, md)
+    path = write_results(args.name, {"num_draws": num_draws, "num_samples": args.num_samples, "rows": rows}, md)
     print(path.read_text())
 
 

@@ -198,6 +198,34 @@ def test_the_last_minibatch_is_padded_and_its_padding_dropped(fitted):
     assert abs(by_four.log_z - by_five.log_z) < 4 * np.hypot(by_four.se, by_five.se)
 
 
+# slow: three set-ups and compiles (about 30 s alone on 2 cores); run with -m slow
+@pytest.mark.slow
+def test_the_chains_random_numbers_differ_between_minibatches():
+    # the data points' estimates p̂(x_i | θ) must be independent for their product to
+    # be unbiased. With the first minibatch's 4 points repeated 1, 2 and 3 times, every
+    # draw's log weight is A_s + S1_s + S2_s (+ S3_s), A_s its prior over q and S_k the
+    # k-th minibatch's log p̂ sum: the same chains' keys for every minibatch would make
+    # S1 = S2 = S3 and so log w(12) - 2 log w(8) + log w(4) = 0 for every draw.
+    log_w = []
+    for copies in (1, 2, 3):
+        y = np.tile(Y[:BATCH], copies)
+        guide = UHALocalGuide(model, K=4)
+        svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+        params = dict(svi.get_params(svi.init(jax.random.PRNGKey(0), jnp.asarray(y), BATCH, Y0)))
+        params = _at_exact_moments(params)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UHAFitWarning)  # q_i at their initial values
+            result = guide.global_log_z(
+                jax.random.PRNGKey(1), params, jnp.asarray(y), BATCH, Y0, num_draws=50,
+                num_samples=4,
+            )
+        log_w.append(result.log_weights)
+    # the same θ_s in every call (same key, same global guide), so A_s cancels
+    second_difference = log_w[2] - 2 * log_w[1] + log_w[0]
+    assert np.all(np.isfinite(second_difference))
+    assert np.std(second_difference) > 1e-2, second_difference[:5]
+
+
 def test_bad_calls_are_refused_with_the_reason(fitted):
     guide, params = fitted
     with pytest.raises(ValueError, match="num_samples"):

@@ -6,8 +6,8 @@ scale several times too low, and nothing else warns (docs/zoo.md, the eleventh h
 estimated p(x_i | θ) over q(θ) and warns where the weights' Pareto k̂ ≥ 0.7. This fits
 four models with local latents as users write them (minibatches of 25, ``UHALocalGuide(K=8)``,
 Adam 1e-2 decaying tenfold), centered (the default) after 1500 steps and ``decenter=True``
-after 6000, and runs ``global_log_z`` (its defaults: 4000 draws, 16 chains per data
-point and draw) with ``--seeds`` keys on each fit, beside NUTS on the full data (500
+after 6000, and runs ``global_log_z`` (its defaults: 4000 draws, 64 chains per data
+point and draw; ``--num-samples``) with ``--seeds`` keys on each fit, beside NUTS on the full data (500
 warm-up, 1000 draws): the group scale's mean from the guide, from the weighted draws
 and from NUTS, k̂, the effective sample size, how many keys warned, and log p(x).
 
@@ -18,8 +18,8 @@ Models: ``normal_informed`` (60 groups, ybar ~ Normal(z, 0.3), z ~ Normal(mu, ta
 (``benchmarks.local_precondition``'s 500 groups of 1-300 counts, minibatches of 50, 3000
 steps for both fits: there ``decenter=True`` puts the scale twice too high).
 
-    python -m benchmarks.global_khat            # about 6 minutes on 2 cores
-    python -m benchmarks.global_khat --num-samples 64 --name global_khat_64  # 64 chains
+    python -m benchmarks.global_khat            # about 8 minutes on 2 cores
+    python -m benchmarks.global_khat --num-samples 16 --name global_khat_16  # fewer chains
     python -m benchmarks.global_khat --smoke    # tiny, for the test suite
 """
 
@@ -124,7 +124,7 @@ def fit(model, data, decenter, steps, batch):
     return guide, svi.run(jax.random.PRNGKey(0), steps, *data, batch, progress_bar=False).params
 
 
-def fit_and_check(model, data, site, decenter, steps, batch, seeds, num_draws, num_samples=16):
+def fit_and_check(model, data, site, decenter, steps, batch, seeds, num_draws, num_samples=64):
     start = time.perf_counter()
     guide, params = fit(model, data, decenter, steps, batch)
     fit_s = time.perf_counter() - start
@@ -152,7 +152,7 @@ def main(argv=None) -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--name", default="global_khat")
-    parser.add_argument("--num-samples", type=int, default=16,
+    parser.add_argument("--num-samples", type=int, default=64,
                         help="global_log_z's chains per data point and draw")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     args = parser.parse_args(argv)

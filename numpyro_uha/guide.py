@@ -3241,6 +3241,12 @@ def _nonfinite_observed(site):
     mask = site.get("mask")
     if mask is not None and not isinstance(mask, jax.core.Tracer):
         bad = bad & np.broadcast_to(np.asarray(mask), bad.shape)
+    # handlers.mask and obs_mask wrap the site's distribution in a MaskedDistribution
+    # (NumPyro sets no "mask" entry for them): its masked-out entries are not data
+    try:
+        bad = bad & np.broadcast_to(_batch_mask(site["fn"], np), bad.shape)
+    except (jax.errors.TracerArrayConversionError, ValueError):
+        pass  # a traced mask: unreadable here
     return bad
 
 

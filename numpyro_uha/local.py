@@ -357,6 +357,7 @@ class UHALocalGuide(AutoGuide):
     decentered_sites = ()
     _user_model = None
     _hold_data = False  # the model reads its data's values (set up)
+    _encoder_param_names = ()  # the encoder's numpyro.param sites, seen when it runs
 
     def __init__(
         self,
@@ -445,6 +446,15 @@ class UHALocalGuide(AutoGuide):
 
     # ------------------------------------------------------------------ setup
     def _setup_prototype(self, *args, **kwargs):
+        try:
+            self._setup(*args, **kwargs)
+        except BaseException:
+            # not half set up: the next call (the user fixed it) sets up again
+            self.prototype_trace = None
+            self.global_guide = None
+            raise
+
+    def _setup(self, *args, **kwargs):
         if not _is_tracer((args, kwargs)):
             relieve_memory_maps("UHALocalGuide")  # before this setup compiles (see _memory_maps)
         rng_key = numpyro.prng_key()
@@ -511,6 +521,18 @@ class UHALocalGuide(AutoGuide):
                     "continuous latent variables (this guide does not sum discrete sites "
                     "out; UHAGuide does, on the full data)."
                 )
+        if self.encoder is not None and all(
+            trace[n].get("infer", {}).get("is_auxiliary", False) for n in self._observed_sites
+        ):
+            raise ValueError(
+                f"UHALocalGuide: the encoder is called with the observed values of the "
+                f"plate '{name}''s sample sites, and the plate has none"
+                + (f" (only numpyro.factor terms: {self._observed_sites})"
+                   if self._observed_sites else "")
+                + ". Observe the data at a sample site "
+                "(numpyro.sample(name, distribution, obs=data[idx])), or use the guide "
+                "without an encoder (q_i's parameters per data point)."
+            )
         self._global_latents = global_latents
         self._model_param_sites = {n: s for n, s in trace.items() if s["type"] == "param"}
         # the layout of one data point's unconstrained local coordinates
@@ -739,11 +761,14 @@ class UHALocalGuide(AutoGuide):
             axis = bad.ndim + self._plate_dim
             rows = bad.any(axis=tuple(a for a in range(bad.ndim) if a != axis)) if axis >= 0 \
                 else np.ones(1, bool)
-            points = np.asarray(idx)[np.flatnonzero(rows)] if rows.size == np.size(idx) else []
+            at = np.flatnonzero(rows) if rows.size == np.size(idx) else np.zeros(0, int)
+            points = np.asarray(idx)[at]
+            more = " ..." if at.size > 10 else ""
             raise ValueError(
                 f"UHALocalGuide: the observed site '{n}' has NaN or inf values for data "
-                f"point(s) {list(map(int, points[:10]))}{' ...' if len(points) > 10 else ''} "
-                f"of the plate '{self._plate_name}': their log density is not finite at any "
+                f"point(s) {list(map(int, points[:10]))}{more} of the plate "
+                f"'{self._plate_name}' (the minibatch's rows {at[:10].tolist()}{more}, "
+                "where the model is passed its minibatch): their log density is not finite at any "
                 "latent value. Drop those data points, or replace the values by finite ones "
                 "and mask them out (numpyro.handlers.mask or obs_mask)."
             )
@@ -1246,6 +1271,18 @@ class UHALocalGuide(AutoGuide):
                 "svi.get_params(state) or svi.run(...).params (with prefix="
                 f"'{self.prefix}')."
             )
+        # the model's numpyro.param sites (a decoder) and the encoder's: left out, they
+        # would silently take their initial values
+        for whose, names in (("model", self._model_param_sites),
+                             ("encoder", self._encoder_param_names)):
+            missing = sorted(set(names) - set(params))
+            if missing:
+                raise ValueError(
+                    f"UHALocalGuide.{where}: params lacks the {whose}'s parameter(s) "
+                    f"{missing[:6]}{' ...' if len(missing) > 6 else ''}, which would take "
+                    "their initial values; pass all the fitted parameters, "
+                    "svi.get_params(state) or svi.run(...).params."
+                )
         if self.encoder is None:
             rows = jnp.shape(params[f"{self.prefix}_loc"])[0]
             if rows != size:
@@ -1314,13 +1351,26 @@ class UHALocalGuide(AutoGuide):
             )
             return loc, scale
         inputs = self._encoder_input(args, kwargs, global_values, model_params, idx)
-        loc, scale = self.encoder(inputs)
-        loc, scale = jnp.asarray(loc), jnp.asarray(scale)
+        with handlers.trace() as encoder_trace:
+            out = self.encoder(inputs)
+        names = {n for n, site in encoder_trace.items() if site["type"] == "param"}
+        if not names <= set(self._encoder_param_names):  # recorded for _check_params_given
+            self._encoder_param_names = tuple(sorted(names | set(self._encoder_param_names)))
+        widths = ", ".join(f"'{n}' {width}" for n, _, _, _, width, _ in self._layout)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(
+                "UHALocalGuide: the encoder must return a pair (loc, scale), each of shape "
+                f"({subsample_size}, {d}) (unconstrained local coordinates per data point: "
+                f"{widths}), got {type(out).__name__}"
+                f"{f' of length {len(out)}' if isinstance(out, (tuple, list)) else ''}."
+            )
+        loc, scale = jnp.asarray(out[0]), jnp.asarray(out[1])
         if loc.shape != (subsample_size, d) or scale.shape != (subsample_size, d):
             raise ValueError(
                 f"UHALocalGuide: the encoder must return loc and scale of shape "
                 f"({subsample_size}, {d}) (data points in the minibatch, unconstrained local "
-                f"coordinates per data point), got {loc.shape} and {scale.shape}."
+                f"coordinates per data point, in the model's order: {widths}), got "
+                f"{loc.shape} and {scale.shape}."
             )
         if not isinstance(scale, jax.core.Tracer) and not isinstance(loc, jax.core.Tracer):
             # concrete (svi.init, a draw outside jit): checked here
@@ -1854,7 +1904,7 @@ class UHALocalGuide(AutoGuide):
         flags, shape ``sample_shape + (B,)``, third, ``with_diverged``)."""
         self._require_setup()
         size, subsample_size = self._sizes(args, kwargs)
-        self._check_params_given(params, size, "the draw methods")
+        self._check_params_given(params, size, "sample_posterior/log_weights/log_z")
         idx = self._subsample(subsample_idx, size, subsample_size, args, kwargs)
         sample_shape = _sample_shape(sample_shape, "UHALocalGuide")
         num = max(int(np.prod(sample_shape, dtype=int)), 1)

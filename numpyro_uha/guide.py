@@ -2059,6 +2059,17 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         (if concrete)."""
         if _is_tracer(params):
             return
+        for short in ("loc", "scale"):  # q's: their shape is the model's latent size
+            name = self._param_name(short)
+            if name in params and self._init_values is not None and short in self._init_values:
+                given, own = jnp.shape(params[name]), jnp.shape(self._init_values[short])
+                if given != own:
+                    raise ValueError(
+                        f"UHAGuide: params['{name}'] has shape {given}, this guide's has "
+                        f"{own} (its model has {self.latent_dim} unconstrained latent "
+                        "coordinates): these params are another guide's or another "
+                        "model's. Pass this guide's fitted params (svi.get_params(state))."
+                    )
         if self._latch_name in params:
             check_latch(params[self._latch_name], self._divergence, "in the params given")
         bad = self._checked_params.get(params)
@@ -2202,6 +2213,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             raise ValueError(
                 f"nonfinite must be one of {list(NONFINITE_MODES)}, got {nonfinite!r}."
             )
+        if batch_size is not None:
+            _check_int("batch_size", batch_size, 1)
         self._require_setup()
         self._check_params(params)
         if not args and not kwargs and self._setup_args is not None:
@@ -2322,20 +2335,31 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     self._warn_if_draws_biased(log_weights, finite, latent, summary, warn_as)
             if bad:
                 finite = np.asarray(finite)
-                data = self._nonfinite_data_sites(args, kwargs)
-                if data:
-                    raise ValueError(
-                        f"UHAGuide: {bad} of {num_draws} draws have a non-finite log weight "
-                        f"because the data are not finite: {_name_nonfinite_data(data)}"
-                        ". Drop those entries, or replace them by finite values and mask "
-                        "them out (numpyro.handlers.mask or obs_mask)."
-                    )
+                self._raise_if_data_nonfinite(bad, num_draws, args, kwargs)
                 draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
                 if draws.num_dropped:
                     return draws
+        elif not _is_tracer((log_weights, latent)):
+            # the evaluation layer keeps diverged draws (zero weights), but draws that
+            # are all NaN because the data are must not be blamed on the step size
+            bad = int(np.sum(~np.asarray(finite)))
+            if bad:
+                self._raise_if_data_nonfinite(bad, num_draws, args, kwargs)
         return WeightedDraws(*jax.tree.map(
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))
+
+    def _raise_if_data_nonfinite(self, bad, num_draws, args, kwargs):
+        """A clear error where ``bad`` of the draws' log weights are not finite because
+        the data (observed values, not masked out) are not."""
+        data = self._nonfinite_data_sites(args, kwargs)
+        if data:
+            raise ValueError(
+                f"UHAGuide: {bad} of {num_draws} draws have a non-finite log weight "
+                f"because the data are not finite: {_name_nonfinite_data(data)}"
+                ". Drop those entries, or replace them by finite values and mask "
+                "them out (numpyro.handlers.mask or obs_mask)."
+            )
 
     def _warn_if_draws_biased(self, log_weights, finite, latent, summary, warn_as):
         """Warn (:class:`~numpyro_uha.UHAFitWarning`) where the importance weights move a

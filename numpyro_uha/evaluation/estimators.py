@@ -24,6 +24,7 @@ draws at an already used width, runs without compiling.
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from typing import Callable, NamedTuple
 
@@ -31,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_uha._divergence import UHAFitWarning
 from numpyro_uha._keywords import check_model_keywords, model_of
 from numpyro_uha.core import (
     AnnealingParams,
@@ -115,6 +117,9 @@ class LogZSandwich(NamedTuple):
             same assumption (Jensen on the unbiased estimate of 1/Z).
         upper_iw_se: delta-method standard error of ``upper_iw``.
         num_reverse: number of reverse chains (posterior draws used).
+        num_reverse_nonfinite: reverse chains whose log weight is NaN or ±inf
+            (diverged). The upper bounds are over the others only, so they may be too
+            low where it is not 0 (a :class:`~numpyro_uha.UHAFitWarning` says so).
     """
 
     lower: LogZEstimate
@@ -123,6 +128,7 @@ class LogZSandwich(NamedTuple):
     upper_iw: float
     upper_iw_se: float
     num_reverse: int
+    num_reverse_nonfinite: int = 0
 
     @property
     def gap(self) -> float:
@@ -135,6 +141,8 @@ class LogZSandwich(NamedTuple):
             f"{self.upper_iw:.4f} ± {self.upper_iw_se:.4f}] (IW bounds); "
             f"ELBO {self.lower.elbo:.4f} ± {self.lower.elbo_se:.4f}, "
             f"reverse bound {self.upper:.4f} ± {self.upper_se:.4f}"
+            + (f" | {self.num_reverse_nonfinite} of {self.num_reverse} reverse chains "
+               "diverged (left out of the upper bounds)" if self.num_reverse_nonfinite else "")
         )
 
 
@@ -423,13 +431,25 @@ def _sandwich_result(lower, reverse_log_w, num_transitions) -> LogZSandwich:
     -log w estimates -log Z from below, so the lower-bound summary of the negated weights
     gives the upper bounds."""
     flipped = log_z_from_weights(-reverse_log_w, num_transitions)
+    num_reverse = int(reverse_log_w.shape[0])
+    if flipped.num_nonfinite:
+        # a diverged reverse chain's weight is unknown, not zero: leaving it out can
+        # only lower the upper bounds' estimates
+        warnings.warn(
+            f"sandwich: {flipped.num_nonfinite} of {num_reverse} reverse chains diverged "
+            "(a NaN or infinite log weight); the upper bounds are over the others only "
+            "and may be too low. The step sizes are too large for the posterior's "
+            "narrowest direction (a guide's: lower max_step_size and refit).",
+            UHAFitWarning, stacklevel=3,
+        )
     return LogZSandwich(
         lower=lower,
         upper=-flipped.elbo,
         upper_se=flipped.elbo_se,
         upper_iw=-flipped.iw,
         upper_iw_se=flipped.iw_se,
-        num_reverse=int(reverse_log_w.shape[0]),
+        num_reverse=num_reverse,
+        num_reverse_nonfinite=flipped.num_nonfinite,
     )
 
 
@@ -737,6 +757,10 @@ def sandwich(
     if not np.all(np.isfinite(positions)):
         raise ValueError("posterior_samples contain NaN or inf values (or map to them).")
     num_draws = _check_num_draws(num_reverse if num_draws is None else num_draws)
+    if batch_size is not None:
+        from numpyro_uha.guide import _check_int
+
+        _check_int("batch_size", batch_size, 1)
     batch_size = batch_size or guide.sample_batch_size
     key_forward, key_reverse = jax.random.split(rng_key)
     draws = guide._draws(

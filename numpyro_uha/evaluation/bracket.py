@@ -49,7 +49,10 @@ class LogZBracket(NamedTuple):
             is scored under the Gaussian fitted to the other halves, so that q̂ is
             independent of the draws it is scored on.
         upper_se: its standard error, from the effective sample size of the draws'
-            log ratios (chains given by ``num_chains``).
+            log ratios (chains given by ``num_chains``), given q̂: the noise of fitting
+            q̂ to the draws is not in it (over 20 sets of 4000 exact draws of standard
+            normals, ``upper`` spread 1.3–1.5 times ``upper_se``, d = 1 and 5;
+            ``lower_se`` matched its spread).
         q_elbo: the ELBO of q̂ (≤ ``lower`` in expectation).
         q_elbo_se: its standard error.
         q_ess: effective sample size of the importance weights of the draws from q̂.

@@ -2339,19 +2339,14 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
                 if draws.num_dropped:
                     return draws
-        elif not _is_tracer((log_weights, latent)):
-            # the evaluation layer keeps diverged draws (zero weights), but draws that
-            # are all NaN because the data are must not be blamed on the step size
-            bad = int(np.sum(~np.asarray(finite)))
-            if bad:
-                self._raise_if_data_nonfinite(bad, num_draws, args, kwargs)
         return WeightedDraws(*jax.tree.map(
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))
 
     def _raise_if_data_nonfinite(self, bad, num_draws, args, kwargs):
         """A clear error where ``bad`` of the draws' log weights are not finite because
-        the data (observed values, not masked out) are not."""
+        the data (observed values, not masked out) are not (here, and in the evaluation
+        layer, whose draws keep them: ``nonfinite="keep"`` checks nothing, for speed)."""
         data = self._nonfinite_data_sites(args, kwargs)
         if data:
             raise ValueError(

@@ -626,6 +626,17 @@ def _guide_positions(guide, params, posterior_samples, args, kwargs):
     return positions, arrays, spec
 
 
+def _checked_log_weights(guide, draws, args, kwargs):
+    """The draws' log weights on the host; where some are not finite because the data
+    are not (NaN or inf observed values, not masked out), an error naming them, not
+    diverged draws blamed on the step size."""
+    log_w = np.asarray(draws.log_weights, np.float64)
+    bad = int(np.sum(~np.isfinite(log_w)))
+    if bad:
+        guide._raise_if_data_nonfinite(bad, log_w.size, args, kwargs)
+    return log_w
+
+
 def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int | None = None, **kwargs) -> LogZEstimate:
     """log Z estimates of a trained :class:`~numpyro_uha.UHAGuide` or any NumPyro AutoGuide.
 
@@ -688,7 +699,7 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
         rng_key, params, args, kwargs, (num_draws,), with_info=False, nonfinite="keep",
         with_samples=False, batch_size=batch_size,
     )
-    log_w = np.asarray(draws.log_weights, np.float64)
+    log_w = _checked_log_weights(guide, draws, args, kwargs)
     num_steps = int(guide.get_annealing_params(params).betas.shape[0])
     estimate = log_z_from_weights(log_w, num_steps)
     _warn_if_poor_fit(log_w, "log_z")
@@ -717,7 +728,7 @@ def hais(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int |
         nonfinite="keep", with_samples=False, batch_size=batch_size,
     )
     annealing = guide.get_annealing_params(params)
-    log_w = np.asarray(draws.log_weights, np.float64)
+    log_w = _checked_log_weights(guide, draws, args, kwargs)
     return HAISResult(
         log_z=log_z_from_weights(log_w, int(annealing.betas.shape[0])),
         acceptance_rate=np.asarray(draws.info.accepted).mean(axis=0),
@@ -769,7 +780,7 @@ def sandwich(
     )
     annealing = guide.get_annealing_params(params)
     num_transitions = int(annealing.betas.shape[0])
-    lower = log_z_from_weights(np.asarray(draws.log_weights, np.float64), num_transitions)
+    lower = log_z_from_weights(_checked_log_weights(guide, draws, args, kwargs), num_transitions)
 
     from numpyro_uha.guide import _on_mesh
 

@@ -36,6 +36,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from numpyro_uha.core.gaussian import (
     bridge_gaussian,
@@ -79,7 +80,9 @@ class AnnealingParams(NamedTuple):
     Attributes:
         loc: μ, mean of the initial Gaussian q, shape ``(d,)``.
         scale: q's standard deviations (shape ``(d,)``) or lower-triangular Cholesky
-            factor of its covariance (shape ``(d, d)``).
+            factor of its covariance (shape ``(d, d)``; entries above the diagonal are
+            ignored, by the draws and the densities alike, so training the whole matrix
+            keeps the weights valid).
         betas: β_1..β_K, the bridging coefficients, strictly increasing in (0, 1),
             shape ``(K,)``; β_0 = 0 and β_{K+1} = 1 are implicit.
         step_sizes: ε_m used in transition m, positive, shape ``(K,)``.
@@ -162,24 +165,59 @@ def make_params(
     for every transition.
     """
     loc = jnp.asarray(loc)
+    loc = loc.astype(jnp.result_type(float, loc.dtype))  # integers and lists: floats
+    if loc.ndim < 1:
+        raise ValueError(f"make_params: loc must have shape (d,) (or (B, d)), got {loc.shape}.")
     dim = loc.shape[-1]
     if betas is None:
         if num_transitions is None:
             raise ValueError("make_params needs either `betas` or `num_transitions`.")
+        if isinstance(num_transitions, bool) or not isinstance(num_transitions, (int, np.integer)) \
+                or num_transitions < 0:
+            raise ValueError(
+                f"make_params: num_transitions must be an integer ≥ 0, got {num_transitions!r}."
+            )
         betas = jnp.arange(1, num_transitions + 1) / (num_transitions + 1)
     betas = jnp.asarray(betas, dtype=loc.dtype)
     zeros = jnp.zeros(dim, loc.dtype)
+    scale = jnp.asarray(scale, loc.dtype)
+    if scale.ndim < 1 or scale.shape[-1] != dim:
+        raise ValueError(
+            f"make_params: scale must have shape (d,) (sds) or (d, d) (a lower Cholesky "
+            f"factor) with d = {dim} (loc's), got {scale.shape}."
+        )
+
+    def vector(name, value, default):
+        # the model's dtype (a float64 NumPy array under x64 would change a float32
+        # chain's carried types); d entries, named where not
+        if value is None:
+            return default
+        value = jnp.asarray(value, loc.dtype)
+        if value.ndim == 0:  # one value for every coordinate
+            value = jnp.broadcast_to(value, (dim,))
+        if value.shape[-1] != dim:
+            raise ValueError(
+                f"make_params: {name} must have {dim} entries (loc's d) on its last axis, "
+                f"got shape {value.shape}."
+            )
+        return value
+
+    damping = jnp.asarray(damping, loc.dtype)
+    if not isinstance(damping, jax.core.Tracer) and not np.all(
+        (np.asarray(damping) >= 0) & (np.asarray(damping) <= 1)
+    ):
+        raise ValueError(f"make_params: damping (η) must be in [0, 1], got {damping}.")
     return AnnealingParams(
         loc=loc,
-        scale=jnp.asarray(scale, loc.dtype),
+        scale=scale,
         betas=betas,
         step_sizes=jnp.broadcast_to(jnp.asarray(step_size, loc.dtype), betas.shape),
-        damping=jnp.asarray(damping, loc.dtype),
-        momentum_scale=jnp.ones(dim, loc.dtype) if momentum_scale is None else momentum_scale,
-        bridge_loc_slope=zeros if bridge_loc_slope is None else bridge_loc_slope,
-        bridge_log_scale_slope=zeros if bridge_log_scale_slope is None else bridge_log_scale_slope,
-        drift_scale=drift_scale,
-        force_limit=force_limit,
+        damping=damping,
+        momentum_scale=vector("momentum_scale", momentum_scale, jnp.ones(dim, loc.dtype)),
+        bridge_loc_slope=vector("bridge_loc_slope", bridge_loc_slope, zeros),
+        bridge_log_scale_slope=vector("bridge_log_scale_slope", bridge_log_scale_slope, zeros),
+        drift_scale=vector("drift_scale", drift_scale, None),
+        force_limit=vector("force_limit", force_limit, None),
     )
 
 
@@ -392,8 +430,28 @@ def _initial_state(logdensity_fn, position, momentum, integrator):
     """The integrator state at ``position``: position Verlet needs no gradient there."""
     check_integrator(integrator)
     if integrator == "position_verlet":
-        return IntegratorState(position, momentum, logdensity_fn(position), None)
-    return IntegratorState(position, momentum, *_value_and_grad(logdensity_fn)(position))
+        state = IntegratorState(position, momentum, logdensity_fn(position), None)
+    else:
+        state = IntegratorState(position, momentum, *_value_and_grad(logdensity_fn)(position))
+    _check_logdensity_shape(state.target_logdensity, position)
+    return state
+
+
+def _check_logdensity_shape(value, position):
+    """A clear error unless ``logdensity_fn`` gave one value per chain: a scalar for a
+    position ``(d,)``, ``(B,)`` for rows ``(B, d)`` (static shapes: free under jit). A
+    vector of per-coordinate terms would otherwise be carried into a vector of "log
+    weights", each of them wrong."""
+    expected = jnp.shape(position)[:-1]
+    if jnp.shape(value) != expected:
+        what = (
+            "a scalar for a position z of shape (d,) (sum the model's terms)" if not expected
+            else f"shape {expected} for rows of shape (B, d) = {jnp.shape(position)}, one "
+            "value per row (not summed over the rows)"
+        )
+        raise ValueError(
+            f"logdensity_fn must return {what}; it returned shape {jnp.shape(value)}."
+        )
 
 
 def _chain_parts(

@@ -2,7 +2,8 @@
 
 A Gaussian is given by a location ``loc`` (shape ``(d,)``) and a ``scale`` that is
 either a vector of standard deviations (shape ``(d,)``, mean-field) or a lower
-triangular Cholesky factor L of the covariance (shape ``(d, d)``, full rank).
+triangular Cholesky factor L of the covariance (shape ``(d, d)``, full rank; entries
+above the diagonal are ignored, by the draws and the densities alike).
 Everything here is closed form, so the bridge's gradient never costs a call to the
 target density.
 """
@@ -32,9 +33,14 @@ def _is_full_rank(scale: jax.Array, loc: jax.Array) -> bool:
 
 
 def gaussian_sample(noise: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
-    """Reparameterized draw ``loc + scale · noise`` for standard normal ``noise``."""
+    """Reparameterized draw ``loc + scale · noise`` for standard normal ``noise``.
+
+    A full-rank ``scale`` counts by its lower triangle only, here as in every density
+    of this module (an entry above the diagonal, e.g. from unconstrained gradient
+    steps on the whole matrix, would otherwise move the draws but not their density).
+    """
     if _is_full_rank(scale, loc):
-        return loc + scale @ noise
+        return loc + jnp.tril(scale) @ noise
     return loc + scale * noise
 
 

@@ -93,6 +93,14 @@ def fit_gaussian(
 
     ``init_scale`` decides the family: a vector gives mean-field, a lower-triangular
     matrix gives full rank. The optimization runs in one ``lax.scan``.
+
+    It stops after ``num_steps`` whether or not the ELBO has converged, and says
+    nothing either way: read ``losses``. On an ill-conditioned target it does not
+    converge in any usual number of steps (measured: a rotated Gaussian with sds from
+    1e-3 to 1e2, full rank, ended 217 nats below the optimum after 2000 steps).
+    :func:`numpyro_uha.core.warm_start.warm_start`, what ``UHAGuide`` starts from,
+    preconditions by the target's curvature and reports ``converged`` (the same target:
+    within 0.01 nats in float64).
     """
     schedule = optax.cosine_decay_schedule(learning_rate, num_steps, alpha=0.01)
     optimizer = optax.adam(schedule)

@@ -190,6 +190,14 @@ DRAW_CHUNK_MIN = 64
 #: 16 devices.
 CPU_BATCH_PER_DEVICE = 1008
 
+#: The fewest draws per CPU device the memory cap of the default may leave (see
+#: ``UHAGuide._device_batch_size``).
+CPU_BATCH_MIN = 16
+
+#: The share of the memory available (free RAM on a CPU, the device's free memory on a
+#: GPU/TPU) the default ``sample_batch_size``'s draws may plan to use.
+DRAW_MEMORY_SHARE = 0.25
+
 #: The least default ``sample_batch_size`` per GPU/TPU device.
 DEVICE_BATCH_MIN = 1024
 
@@ -556,10 +564,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             longer scales with the model's intermediates, at about one extra forward pass.
         sample_batch_size: draws computed together (vectorized) in
             :meth:`sample_posterior` and the estimators; bounds their memory. ``None``
-            (default) sizes it to the device: 1008 per CPU device; on a GPU or TPU as
-            many as a quarter of the device's free memory holds (measured from the
-            compiled gradient of the model's log density), between 1024 and 65536 per
-            device, times the number of devices draws are sharded over.
+            (default) sizes it to the device: 1008 per CPU device, fewer (at least 16)
+            where those would plan more than a quarter of the free RAM (a GP on 1000
+            points: 128); on a GPU or TPU as many as a quarter of the device's free
+            memory holds (measured from the compiled gradient of the model's log
+            density), between 1024 and 65536 per device; times the number of devices
+            draws are sharded over. Sized at the first draw.
         sharding: shard draws over devices: a :class:`jax.sharding.Mesh` (the draws'
             leading axis is split over all its axes) or a
             :class:`~jax.sharding.NamedSharding` of the leading axis. Keys are split
@@ -957,33 +967,53 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         self._sample_batch_size = value
 
     def _device_batch_size(self, arrays, spec, model_params) -> int:
-        """The default ``sample_batch_size``: 1008 per CPU device; on a GPU or TPU the
-        draws a quarter of the device's free memory holds, from the memory XLA plans for
-        a vectorized gradient of the log density (what each leapfrog step computes),
-        between 1024 and 65536 per device (a power of two), times the devices the draws
-        are sharded over."""
+        """The default ``sample_batch_size``: on a GPU or TPU the draws a quarter of the
+        device's free memory holds, from the memory XLA plans for a vectorized gradient
+        of the log density (what each leapfrog step computes), between 1024 and 65536
+        per device (a power of two); on a CPU 1008 per device, fewer (a power of two,
+        at least 16) where 1008 would plan more than a quarter of the free RAM (a GP's
+        N × N kernel per draw: N = 1000 planned 22 GiB at 1008). Times the devices the
+        draws are sharded over."""
         shards = num_shards(self.sharding)
         device = (
             self.sharding.mesh.devices.flat[0] if self.sharding is not None else jax.devices()[0]
         )
-        if device.platform == "cpu":
-            return CPU_BATCH_PER_DEVICE * shards
         probe = 64
+
+        def grads(zs, arrays):
+            args, kwargs = _merge_static(arrays, spec)
+            logdensity_fn = self._make_logdensity(args, kwargs, model_params)
+            return jax.vmap(jax.grad(logdensity_fn))(zs)
+
+        def per_draw_bytes(lowered):
+            memory = lowered.compile().memory_analysis()
+            per_draw = (memory.temp_size_in_bytes + memory.output_size_in_bytes) / probe
+            # the chain's own state per draw: position, momentum, gradient, weights
+            return per_draw + 8 * self.latent_dim * self._init_latent.dtype.itemsize
+
+        zs = jax.ShapeDtypeStruct((probe, self.latent_dim), self._init_latent.dtype)
+        if device.platform == "cpu":
+            try:
+                budget = DRAW_MEMORY_SHARE * _free_host_memory()
+                lowered = jax.jit(grads).lower(zs, arrays)
+                # a cheap screen first (no compilation): the bytes the gradient reads and
+                # writes bound what it holds at once; only where that bound does not fit
+                # is the plan compiled and read
+                accessed = _bytes_accessed(lowered) / probe
+                if accessed * CPU_BATCH_PER_DEVICE <= budget:
+                    return CPU_BATCH_PER_DEVICE * shards
+                fits = int(budget / max(per_draw_bytes(lowered), 1.0))
+            except Exception:  # noqa: BLE001 - no memory figures here: the plain default
+                return CPU_BATCH_PER_DEVICE * shards
+            if fits >= CPU_BATCH_PER_DEVICE:
+                return CPU_BATCH_PER_DEVICE * shards
+            per_device = max(CPU_BATCH_MIN, fits)
+            return (1 << (per_device.bit_length() - 1)) * shards
         try:
             stats = device.memory_stats() or {}
             free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-
-            def grads(zs, arrays):
-                args, kwargs = _merge_static(arrays, spec)
-                logdensity_fn = self._make_logdensity(args, kwargs, model_params)
-                return jax.vmap(jax.grad(logdensity_fn))(zs)
-
-            zs = jax.ShapeDtypeStruct((probe, self.latent_dim), self._init_latent.dtype)
-            memory = jax.jit(grads).lower(zs, arrays).compile().memory_analysis()
-            per_draw = (memory.temp_size_in_bytes + memory.output_size_in_bytes) / probe
-            # the chain's own state per draw: position, momentum, gradient, weights
-            per_draw += 8 * self.latent_dim * self._init_latent.dtype.itemsize
-            fits = int(0.25 * free / max(per_draw, 1.0))
+            per_draw = per_draw_bytes(jax.jit(grads).lower(zs, arrays))
+            fits = int(DRAW_MEMORY_SHARE * free / max(per_draw, 1.0))
         except Exception:  # no memory statistics or analysis on this backend
             fits = DEVICE_BATCH_MAX
         per_device = max(DEVICE_BATCH_MIN, min(DEVICE_BATCH_MAX, fits))
@@ -3239,6 +3269,23 @@ def _name_nonfinite_data(data) -> str:
         f"'{n}' (NaN or inf at flat index {i[:10].tolist()}{' ...' if i.size > 10 else ''})"
         for n, i in data.items()
     )
+
+
+def _free_host_memory() -> float:
+    """Bytes of RAM free now (Linux; elsewhere an ``OSError``/``ValueError``: the
+    caller keeps its default)."""
+    import os
+
+    return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def _bytes_accessed(lowered) -> float:
+    """XLA's count of the bytes a lowered program reads and writes (its cost analysis,
+    before compilation; a list of one dict in older JAX)."""
+    cost = lowered.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0]
+    return float(cost["bytes accessed"])
 
 
 def _nonfinite_observed(site):

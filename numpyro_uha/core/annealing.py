@@ -32,6 +32,7 @@ which is also unbiased but not differentiable.
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, NamedTuple
 
 import jax
@@ -172,11 +173,15 @@ def make_params(
     if betas is None:
         if num_transitions is None:
             raise ValueError("make_params needs either `betas` or `num_transitions`.")
-        if isinstance(num_transitions, bool) or not isinstance(num_transitions, (int, np.integer)) \
-                or num_transitions < 0:
+        try:  # a Python, NumPy or concrete JAX integer
+            count = None if isinstance(num_transitions, bool) else operator.index(num_transitions)
+        except TypeError:
+            count = None
+        if count is None or count < 0:
             raise ValueError(
                 f"make_params: num_transitions must be an integer ≥ 0, got {num_transitions!r}."
             )
+        num_transitions = count
         betas = jnp.arange(1, num_transitions + 1) / (num_transitions + 1)
     betas = jnp.asarray(betas, dtype=loc.dtype)
     zeros = jnp.zeros(dim, loc.dtype)

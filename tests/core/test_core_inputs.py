@@ -56,6 +56,7 @@ def test_a_log_density_of_the_wrong_shape_is_refused():
 
 
 def test_make_params_takes_integers_lists_and_other_float_dtypes():
+    assert make_params(jnp.zeros(2), jnp.ones(2), num_transitions=jnp.int32(3)).betas.shape == (3,)
     params = make_params([0, 0], [1, 1], num_transitions=2, momentum_scale=[1.0, 2.0])
     assert params.loc.dtype == jnp.result_type(float) and params.momentum_scale.dtype == params.loc.dtype
     assert np.isfinite(float(uha_sample(jax.random.PRNGKey(0), logdensity, params)[1]))
@@ -75,6 +76,7 @@ def test_make_params_takes_integers_lists_and_other_float_dtypes():
         (dict(momentum_scale=jnp.ones(3)), r"momentum_scale must have 2 entries .* got shape \(3,\)"),
         (dict(scale=jnp.ones(3)), r"scale must have shape \(d,\) .* d = 2 .* got \(3,\)"),
         (dict(num_transitions=-1), r"num_transitions must be an integer ≥ 0, got -1"),
+        (dict(num_transitions=2.5), r"num_transitions must be an integer ≥ 0, got 2.5"),
         (dict(damping=1.2), r"damping \(η\) must be in \[0, 1\]"),
     ],
 )

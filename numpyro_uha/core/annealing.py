@@ -245,7 +245,10 @@ def annealed_sample(
         num_leapfrog_steps: L, leapfrog steps per transition (static). L = 1 is
             under-damped Langevin dynamics, the paper's setting.
         corrected: add the Metropolis accept/reject step (Hamiltonian AIS) and use its
-            weight. The result is then not differentiable in the parameters.
+            weight. The result is then not differentiable in the parameters: JAX
+            still returns a gradient (through the accepted moves, not the accept/reject
+            choice), which is not the weight's; do not train on it (:func:`hais_sample`
+            stops it).
         remat: rematerialize each transition in the backward pass (``jax.checkpoint``),
             so reverse-mode memory no longer grows with the model's intermediates times
             K; costs about one extra forward pass.

@@ -29,11 +29,15 @@ def betas_from_logits(logits: jax.Array) -> jax.Array:
 
 
 def logits_from_betas(betas: jax.Array) -> jax.Array:
-    """Inverse of :func:`betas_from_logits` (up to the softmax's additive constant)."""
+    """Inverse of :func:`betas_from_logits` (up to the softmax's additive constant);
+    leading axes are one schedule per row, as there."""
     betas = jnp.asarray(betas)
-    edges = jnp.concatenate([jnp.zeros(1, betas.dtype), betas, jnp.ones(1, betas.dtype)])
-    gaps = jnp.diff(edges)
-    return jnp.log(gaps) - jnp.mean(jnp.log(gaps))
+    ends = betas.shape[:-1] + (1,)
+    edges = jnp.concatenate(
+        [jnp.zeros(ends, betas.dtype), betas, jnp.ones(ends, betas.dtype)], axis=-1
+    )
+    log_gaps = jnp.log(jnp.diff(edges, axis=-1))
+    return log_gaps - jnp.mean(log_gaps, axis=-1, keepdims=True)
 
 
 def step_sizes_from_beta(

@@ -31,6 +31,18 @@ def test_logits_round_trip():
     np.testing.assert_allclose(betas_from_logits(logits_from_betas(betas)), betas, rtol=1e-5)
 
 
+def test_logits_round_trip_row_by_row():
+    # one schedule per row (the local guide's per-data-point schedules): each row is
+    # its own round trip (a 2-D schedule failed with a raw concatenate error)
+    logits = jax.random.normal(jax.random.PRNGKey(3), (4, 7))
+    betas = betas_from_logits(logits)
+    back = logits_from_betas(betas)
+    assert back.shape == (4, 7)
+    np.testing.assert_allclose(betas_from_logits(back), betas, atol=1e-6)
+    for row in range(4):
+        np.testing.assert_allclose(back[row], logits_from_betas(betas[row]), atol=1e-6)
+
+
 def test_step_sizes_stay_inside_bounds_and_are_constant_without_slope():
     betas = jnp.linspace(0.01, 0.99, 10)
     flat = step_sizes_from_beta(betas, jnp.asarray(0.2), jnp.asarray(0.0), 0.5)

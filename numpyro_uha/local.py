@@ -1335,6 +1335,11 @@ class UHALocalGuide(AutoGuide):
             return next(iter(observed.values()))
         return observed
 
+    def _local_widths(self) -> str:
+        """"'z' 2, 'x_unobserved' 4": each local site's unconstrained coordinates per
+        data point, in the model's order (for the encoder's errors)."""
+        return ", ".join(f"'{n}' {width}" for n, _, _, _, width, _ in self._layout)
+
     def _q(self, args, kwargs, global_values, model_params, idx, size):
         subsample_size = idx.shape[0]
         d = self.latent_dim
@@ -1356,12 +1361,11 @@ class UHALocalGuide(AutoGuide):
         names = {n for n, site in encoder_trace.items() if site["type"] == "param"}
         if not names <= set(self._encoder_param_names):  # recorded for _check_params_given
             self._encoder_param_names = tuple(sorted(names | set(self._encoder_param_names)))
-        widths = ", ".join(f"'{n}' {width}" for n, _, _, _, width, _ in self._layout)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(
                 "UHALocalGuide: the encoder must return a pair (loc, scale), each of shape "
                 f"({subsample_size}, {d}) (unconstrained local coordinates per data point: "
-                f"{widths}), got {type(out).__name__}"
+                f"{self._local_widths()}), got {type(out).__name__}"
                 f"{f' of length {len(out)}' if isinstance(out, (tuple, list)) else ''}."
             )
         loc, scale = jnp.asarray(out[0]), jnp.asarray(out[1])
@@ -1369,7 +1373,7 @@ class UHALocalGuide(AutoGuide):
             raise ValueError(
                 f"UHALocalGuide: the encoder must return loc and scale of shape "
                 f"({subsample_size}, {d}) (data points in the minibatch, unconstrained local "
-                f"coordinates per data point, in the model's order: {widths}), got "
+                f"coordinates per data point, in the model's order: {self._local_widths()}), got "
                 f"{loc.shape} and {scale.shape}."
             )
         if not isinstance(scale, jax.core.Tracer) and not isinstance(loc, jax.core.Tracer):

@@ -768,11 +768,8 @@ def sandwich(
     if not np.all(np.isfinite(positions)):
         raise ValueError("posterior_samples contain NaN or inf values (or map to them).")
     num_draws = _check_num_draws(num_reverse if num_draws is None else num_draws)
-    if batch_size is not None:
-        from numpyro_uha.guide import _check_int
-
-        _check_int("batch_size", batch_size, 1)
-    batch_size = batch_size or guide.sample_batch_size
+    if batch_size is None:  # anything else is checked by the forward draws, below
+        batch_size = guide.sample_batch_size
     key_forward, key_reverse = jax.random.split(rng_key)
     draws = guide._draws(
         key_forward, params, args, kwargs, (num_draws,), corrected=corrected, with_info=False,

@@ -104,6 +104,7 @@ from numpyro_uha.core.sharding import (
 from numpyro_uha.core.warm_start import (
     HVP_ROWS,
     difference_oracle,
+    loss_decrease,
     max_curvature,
     oracle_log_weights,
     precompile,
@@ -894,10 +895,14 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 preconditioned = True
                 self._start_elbo = _mean_and_se(fit.log_weights)
                 if not bool(fit.converged):
+                    diff, se = loss_decrease(np.asarray(fit.losses))
                     warnings.warn(
                         f"UHAGuide: the plain-VI warm start had not converged after "
-                        f"{self.warm_start_steps} steps (its loss was still decreasing); "
-                        "UHA training starts from it anyway. Pass a larger "
+                        f"{self.warm_start_steps} steps: its mean loss fell by "
+                        f"{diff:.3g} ± {se:.2g} nats from the second-last tenth of the "
+                        "steps to the last (more than twice its standard error). UHA "
+                        "training starts from it anyway and goes on fitting q; for a "
+                        "closer start, pass a larger "
                         "warm_start_steps, or init_from=(fitted_guide, params) from your "
                         "own longer VI fit.",
                         RuntimeWarning,

@@ -80,6 +80,7 @@ __all__ = [
     "difference_oracle",
     "find_mode",
     "hessian_matrix",
+    "loss_decrease",
     "max_curvature",
     "oracle_log_weights",
     "precompile",
@@ -830,13 +831,23 @@ def _pick(fits, starts, scales, full_rank, tail):
     return locs[best], fitted[best], all_losses[best], best.astype(jnp.int32), _converged(all_losses[best])
 
 
-def _converged(losses: jax.Array) -> jax.Array:
+def loss_decrease(losses, xp=np):
+    """How much the VI's loss fell at the end: (mean over the second-last tenth of the
+    steps − mean over the last tenth, its standard error), in nats; ``None`` with fewer
+    than 20 steps. ``xp``: ``numpy`` (host) or ``jax.numpy`` (inside a program)."""
     n = losses.shape[0] // 10
     if n < 2:
-        return jnp.asarray(True)
+        return None
     last, before = losses[-n:], losses[-2 * n : -n]
-    diff = jnp.mean(before) - jnp.mean(last)
-    se = jnp.sqrt(jnp.var(before) / n + jnp.var(last) / n)
+    diff = xp.mean(before) - xp.mean(last)
+    return diff, xp.sqrt(xp.var(before) / n + xp.var(last) / n)
+
+
+def _converged(losses: jax.Array) -> jax.Array:
+    decrease = loss_decrease(losses, jnp)
+    if decrease is None:
+        return jnp.asarray(True)
+    diff, se = decrease
     return jnp.isfinite(diff) & (diff <= 2.0 * se)
 
 

@@ -8,6 +8,7 @@ a flat log density in unconstrained space (Jacobians included) from the argument
 
 from __future__ import annotations
 
+import contextlib
 import math
 from functools import partial
 import functools
@@ -23,6 +24,7 @@ import numpyro
 from numpyro import handlers
 from numpyro.primitives import Messenger
 import numpyro.distributions as dist
+import tqdm
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 from numpyro.distributions.util import sum_rightmost
@@ -159,6 +161,10 @@ CURVATURE_WIDTH = 2.0
 
 #: Rows of the setup's value-and-gradient calls (the warm start's: 3 starts × 8 draws).
 SETUP_ROWS = 24
+
+#: Seconds a warm start runs before its progress bar shows (``progress_bar=True``): on
+#: most models it is over before then and prints nothing.
+PROGRESS_DELAY = 3.0
 
 #: Where the kick's force saturates, in q's standard deviations (AnnealingParams.force_limit).
 FORCE_LIMIT_SDS = 30.0
@@ -619,6 +625,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             up to the two devices' rounding (bit for bit on two devices of one kind);
             only ``svi.init``'s time changes. A ``jax.Device`` is pickled as its
             platform name.
+        progress_bar: show a progress bar (on stderr, as ``svi.run``'s) over the warm
+            start's steps when it runs longer than :data:`PROGRESS_DELAY` seconds (a
+            model whose log density is expensive: the warm start evaluates its gradient
+            at 24 points per step); ``False`` never shows one.
     """
 
     def __init__(
@@ -646,6 +656,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         decenter="auto",
         forward_mode_differentiation: bool = False,
         warm_start_device=None,
+        progress_bar: bool = True,
     ):
         _check_int("K", K, 1)
         _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
@@ -673,6 +684,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         frozen = _check_frozen(frozen)
         _step_device(warm_start_device)  # a clear error now, not at setup
         self.warm_start_device = warm_start_device
+        if not isinstance(progress_bar, (bool, np.bool_)):
+            raise TypeError(f"progress_bar must be True or False, got {progress_bar!r}.")
+        self.progress_bar = bool(progress_bar)
         self.K = K
         self.requested_base_dist = base_dist
         # resolved at setup, where the dimension is known (see FULL_RANK_MAX_DIM)
@@ -1197,15 +1211,20 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         :func:`~numpyro_uha.core.warm_start.precompile`'s stand-in), their results on
         the default device (from the oracle's ``step_device``, if any)."""
         if kind == "warm_start":
-            fit = warm_start(
-                rng_key, None, loc, scale,
-                full_rank=full_rank,
-                num_steps=self.warm_start_steps,
-                learning_rate=self.warm_start_learning_rate,
-                num_particles=SETUP_ROWS // 3,
-                oracle=oracle,
-                vi_iterations=vi_iterations,
-            )
+            with _warm_start_bar(
+                self.progress_bar and oracle.compiled and vi_iterations is None,
+                self.warm_start_steps,
+            ) as callback:
+                fit = warm_start(
+                    rng_key, None, loc, scale,
+                    full_rank=full_rank,
+                    num_steps=self.warm_start_steps,
+                    learning_rate=self.warm_start_learning_rate,
+                    num_particles=SETUP_ROWS // 3,
+                    oracle=oracle,
+                    vi_iterations=vi_iterations,
+                    callback=callback,
+                )
             out = fit, _curvature(oracle, fit.loc, fit.scale)
         else:
             log_weights = oracle_log_weights(
@@ -2153,6 +2172,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         state.setdefault("_user_init_loc_fn", state.get("init_loc_fn"))
         state.setdefault("coordinate_elbos", None)
         state.setdefault("warm_start_device", None)
+        state.setdefault("progress_bar", True)
         state.setdefault("_checked_params", _LastSeen())
         state.setdefault("_checked_data", _LastSeen())
         state.setdefault("_hold_data", False)
@@ -3104,6 +3124,25 @@ def _check_frozen(frozen) -> tuple:
             f"Valid groups are {sorted(GROUPS)}."
         )
     return tuple(frozen)
+
+
+@contextlib.contextmanager
+def _warm_start_bar(enabled: bool, total: int):
+    """A progress bar over the warm start's VI steps, on stderr as NumPyro's ``svi.run``
+    draws its own, shown once the warm start has run :data:`PROGRESS_DELAY` seconds and
+    cleared when it ends; yields the warm start's ``callback`` (``None`` when not
+    ``enabled``)."""
+    if not enabled:
+        yield None
+        return
+    bar = tqdm.tqdm(
+        total=total, desc="UHAGuide warm start", unit="step", delay=PROGRESS_DELAY,
+        leave=False,
+    )
+    try:
+        yield lambda done: bar.update(done - bar.n)
+    finally:
+        bar.close()
 
 
 def _step_device(spec):

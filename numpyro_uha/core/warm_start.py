@@ -739,7 +739,7 @@ def _vi_step(carry, values, grads, i, starts_scales, steps_and_rate):
 
 
 def _fit_starts(oracle, host, key, starts, scales, unit_scales, full_rank, num_steps,
-                learning_rate, num_particles, iterations=None):
+                learning_rate, num_particles, iterations=None, callback=None):
     """VI of q_u from each start (z = start + scale ⊙ u, q_u from N(0, unit scale)),
     Adam on all starts at once with the same draws (as ``vmap`` of fit_gaussian over
     the starts); returns the last carry: ``(params in u, optimizer state, losses
@@ -752,7 +752,10 @@ def _fit_starts(oracle, host, key, starts, scales, unit_scales, full_rank, num_s
     def body(i, state):
         carry, zs = state
         values, grads = oracle.value_and_grad(zs)
-        return _vi_step(carry, values, grads, i, (starts, scales), steps_and_rate, host=host)
+        state = _vi_step(carry, values, grads, i, (starts, scales), steps_and_rate, host=host)
+        if callback is not None and host is not False:
+            callback(int(i) + 1)
+        return state
 
     iterations = num_steps if iterations is None else min(iterations, num_steps)
     carry, _ = _loop(host, iterations, body, (carry, zs))
@@ -865,6 +868,7 @@ def warm_start(
     num_score_draws: int = 256,
     oracle: RowsOracle | None = None,
     vi_iterations: int | None = None,
+    callback: Callable[[int], None] | None = None,
 ) -> WarmStart:
     """Fit q to the posterior, robust to its scales (see the module docstring).
 
@@ -874,7 +878,9 @@ def warm_start(
     Hessian-vector products at :data:`HVP_ROWS` rows) and the loops run in Python.
     ``vi_iterations`` stops the VI after that many of its ``num_steps`` steps (the
     schedule unchanged): :func:`precompile`'s rehearsal, which only needs each step
-    compiled.
+    compiled. ``callback(n)`` is called after each VI step with the number of steps done,
+    where the loops run in Python (a compiled oracle and concrete inputs; not inside
+    ``lax`` loops): a progress bar's hook.
     """
     init_loc = jnp.asarray(init_loc)
     oracle, host = resolve_oracle(logdensity_fn, oracle, rng_key, init_loc, fallback_scale)
@@ -897,7 +903,7 @@ def warm_start(
 
     fits = _fit_starts(
         oracle, host, fit_key, starts, scales, unit_scales, full_rank, num_steps,
-        learning_rate, num_particles, vi_iterations,
+        learning_rate, num_particles, vi_iterations, callback,
     )
     loc, scale, losses, best, converged = _pick(
         fits, starts, scales, full_rank, max(1, num_steps // 10), host=host

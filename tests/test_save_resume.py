@@ -134,3 +134,19 @@ def test_typed_prng_keys_round_trip(tmp_path):
     _, _, state, extra = load_fit(tmp_path / "k.pkl", with_extra=True)
     assert extra == {"note": "x"}
     np.testing.assert_array_equal(jax.random.key_data(state["key"]), jax.random.key_data(key))
+
+
+@pytest.mark.parametrize("saved_dtype", ["int64", "int32", "float64", "float32"])
+def test_a_weak_scalar_comes_back_in_this_processs_precision(saved_dtype):
+    # a fit saved with jax_enable_x64 on holds NumPyro's step counter as a weak int64;
+    # read back with it off (or the other way round) it is this process's weak scalar,
+    # not a failed assertion
+    from numpyro_uha.io import _WeakScalar
+
+    stored = _WeakScalar.__new__(_WeakScalar)
+    stored.value = 7 if saved_dtype.startswith("int") else 0.5
+    stored.dtype = np.dtype(saved_dtype)
+    value = stored.restore()
+    assert value.weak_type
+    assert value.dtype == jnp.asarray(stored.value).dtype
+    assert value == stored.value

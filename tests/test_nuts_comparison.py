@@ -220,3 +220,47 @@ def test_plot_returns_a_figure_with_two_panels(comparison):
     assert "first 2 of 3" in axes[0].get_title()
     with pytest.raises(ValueError, match="two"):
         plot_nuts_comparison(comparison, ax=axes[0])
+
+
+# -------------------------------------------------- elements the support holds fixed
+
+
+def test_an_lkj_factors_fixed_entries_are_compared_as_equal_not_inf_or_nan():
+    import warnings
+
+    import jax.numpy as jnp
+    import numpyro.distributions as dist
+    import optax
+    from numpyro.infer import SVI, Trace_ELBO
+
+    from numpyro_uha import UHAFitWarning, UHAGuide
+
+    data = np.asarray(np.random.default_rng(0).normal(size=(30, 2)), np.float32)
+
+    def model(y):
+        L = numpyro.sample("L", dist.LKJCholesky(2, 2.0))
+        numpyro.sample("y", dist.MultivariateNormal(jnp.zeros(2), scale_tril=L), obs=y)
+
+    guide = UHAGuide(model, K=2, warm_start_steps=200)
+    svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), data))
+    # a reference with L[0,0] = 1 and L[0,1] = 0 in every draw, as NUTS' are
+    reference = guide.sample_posterior(jax.random.PRNGKey(1), params, data, sample_shape=(400,))
+    reference = {"L": np.asarray(reference["L"]).copy()}
+    reference["L"][:, 0, 0], reference["L"][:, 0, 1] = 1.0, 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no 0 / 0 from the fixed entries
+        warnings.simplefilter("ignore", UHAFitWarning)  # a short fit's k̂: not this test's
+        comp = compare_with_nuts(
+            guide, jax.random.PRNGKey(2), params, data, mcmc_samples=reference, num_draws=400
+        )
+    table = comp.table.set_index("index")
+    assert table.loc["L[0,0]", "mean_error_in_sd"] == 0.0
+    assert table.loc["L[0,1]", "mean_error_in_sd"] == 0.0
+    assert table.loc["L[0,0]", "nuts_se_of_mean"] == 0.0
+    assert np.all(np.isfinite(table["mean_error_in_sd"]))
+    assert np.isfinite(comp.summary.loc["L", "max_abs_mean_error_in_sd"])
+    # a free entry keeps its ordinary ratio
+    free = table.loc["L[1,0]"]
+    expected = (free["uha_mean"] - free["nuts_mean"]) / free["nuts_std"]
+    assert free["mean_error_in_sd"] == pytest.approx(expected)

@@ -31,7 +31,9 @@ class NUTSComparison(NamedTuple):
             site name for a scalar site), ``nuts_mean``, ``nuts_std``, ``uha_mean``,
             ``uha_std``, ``mean_abs_error`` (|uha_mean - nuts_mean|), ``std_abs_error``
             (|uha_std - nuts_std|), ``mean_error_in_sd`` ((uha_mean - nuts_mean) /
-            nuts_std, signed), ``nuts_se_of_mean`` (NUTS' Monte Carlo standard error of
+            nuts_std, signed; 0 on an element NUTS holds constant, as the support fixes
+            L[0,0] = 1 of an LKJ Cholesky factor, where UHA's mean is that constant),
+            ``nuts_se_of_mean`` (NUTS' Monte Carlo standard error of
             its mean, from its effective sample size) and ``uha_se_of_mean`` (the same
             for UHA's mean: std / sqrt(draws) for independent draws, or the
             delta-method standard error of the self-normalized estimate when
@@ -99,6 +101,18 @@ def _compared_elements(guide, name, shape):
         return np.ones(shape, bool)
     entries = np.asarray(entries, bool)
     return ~np.broadcast_to(entries.reshape(entries.shape + (1,) * (len(shape) - entries.ndim)), shape)
+
+
+def _error_in_sd(uha_mean, nuts_mean, nuts_std):
+    """(uha_mean − nuts_mean) / nuts_std; where NUTS' draws are constant (an element the
+    support fixes, as the diagonal's first entry and the upper triangle of an LKJ
+    Cholesky factor), 0 if UHA's mean is that constant to single-precision rounding,
+    else ±inf (a real disagreement), never 0 / 0."""
+    diff = uha_mean - nuts_mean
+    same = np.abs(diff) <= 1e-5 * np.maximum(1.0, np.abs(nuts_mean))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = diff / nuts_std
+    return np.where(nuts_std > 0, ratio, np.where(same, 0.0, np.copysign(np.inf, diff)))
 
 
 def compare_with_nuts(
@@ -256,11 +270,12 @@ def compare_with_nuts(
         else:
             uha_se = x_u.std(0, ddof=1) / np.sqrt(num_draws)
         by_chain = x_n.reshape((num_chains, num_mcmc // num_chains) + shape)
-        ess = np.asarray(effective_sample_size(by_chain))
-        se = nuts_std / np.sqrt(np.maximum(ess, 1.0))
+        with np.errstate(divide="ignore", invalid="ignore"):  # constant elements: 0 / 0
+            ess = np.asarray(effective_sample_size(by_chain))
+        constant = nuts_std == 0  # fixed by the support (an LKJ Cholesky factor's L[0,0], zeros)
+        se = np.where(constant, 0.0, nuts_std / np.sqrt(np.maximum(np.nan_to_num(ess), 1.0)))
         mcmc_se[name] = se
-        with np.errstate(divide="ignore", invalid="ignore"):
-            in_sd = (uha_mean - nuts_mean) / nuts_std
+        in_sd = _error_in_sd(uha_mean, nuts_mean, nuts_std)
         for j, label in enumerate(_element_labels(name, shape)):
             if not keep[name].ravel()[j]:
                 continue

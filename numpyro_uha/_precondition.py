@@ -102,6 +102,33 @@ class StandardizedCholesky(_Standardized):
         return jnp.broadcast_to(jnp.diag(self.scale), jnp.shape(prototype))
 
 
+def _check_width(x, width: int, *, last: int = 1) -> None:
+    """A clear error where a parameter of q's reaches this guide's transform with another
+    latent size (trailing ``last`` axes of width ``width``, read at trace time): an SVI
+    state or params of another model (NumPyro's own error was a broadcasting one)."""
+    shape = jnp.shape(x)
+    if len(shape) < last or any(n != width for n in shape[len(shape) - last:]):
+        raise ValueError(
+            f"UHAGuide: a parameter of q with shape {tuple(shape)} reached a guide whose "
+            f"model has {width} unconstrained latent coordinates: these params (or this "
+            "SVI state) are another guide's or another model's. Pass this guide's fitted "
+            "params (svi.get_params(state)), or set up a new fit for the changed model."
+        )
+
+
+class _CheckedAffine(AffineTransform):
+    """NumPyro's ``AffineTransform`` on a q parameter (a latent-size vector), refusing
+    another latent size with a clear error (:func:`_check_width`)."""
+
+    def __call__(self, x):
+        _check_width(x, jnp.shape(self.scale)[-1])
+        return super().__call__(x)
+
+    def _inverse(self, y):
+        _check_width(y, jnp.shape(self.scale)[-1])
+        return super()._inverse(y)
+
+
 class _ScaleCorrCholeskyTransform(Transform):
     """``u = (u_s, u_c) ↦ diag(scale ⊙ exp(u_s)) · C(c u_c)``, c = CORRELATION_UNIT: a
     real vector of length d(d+1)/2 to a lower Cholesky factor whose row norms (q's
@@ -120,6 +147,7 @@ class _ScaleCorrCholeskyTransform(Transform):
 
     def __call__(self, x):
         d = self._dim
+        _check_width(x, d * (d + 1) // 2)
         sds = self.scale * jnp.exp(x[..., :d])
         return sds[..., :, None] * CorrCholeskyTransform()(CORRELATION_UNIT * x[..., d:])
 
@@ -127,6 +155,7 @@ class _ScaleCorrCholeskyTransform(Transform):
         # one compiled program: run eagerly (SVI.init inverts the initial value) its
         # operations would each be compiled on their own (~1 s on two CPU cores)
         # (traced, under the caller's transform, the step is inlined: see small_jit)
+        _check_width(y, self._dim, last=2)
         return _scale_corr_inverse(y, self.scale, host=True)
 
     def log_abs_det_jacobian(self, x, y, intermediates=None):
@@ -154,14 +183,14 @@ def _scale_corr_inverse(y, scale):
 
 @biject_to.register(StandardizedReal)
 def _real(constraint):
-    return AffineTransform(constraint.loc, constraint.scale, domain=constraints.real_vector)
+    return _CheckedAffine(constraint.loc, constraint.scale, domain=constraints.real_vector)
 
 
 @biject_to.register(StandardizedPositive)
 def _positive(constraint):
     return ComposeTransform([
         ExpTransform(),
-        AffineTransform(0.0, constraint.scale, domain=constraints.positive),
+        _CheckedAffine(0.0, constraint.scale, domain=constraints.positive),
     ])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from functools import partial
 import functools
 import hashlib
@@ -92,6 +93,7 @@ from numpyro_uha.core import (
     gaussian_logpdf,
     gaussian_sample,
     step_sizes_from_beta,
+    step_sizes_under_ceiling,
 )
 from numpyro_uha.core.annealing import _start_noise
 from numpyro_uha.core.batching import batched_map
@@ -159,12 +161,22 @@ CURVATURE_DRAWS = HVP_ROWS - 1
 #: breakdown). Where the curvature is the same everywhere (a Gaussian), nothing changes.
 CURVATURE_WIDTH = 2.0
 
+#: The first step size under a stability ceiling c below ``max_step_size``: at most this
+#: fraction of c (see _start_arrays), where the ceiling's map is still the identity. On
+#: seven zoo models with c from 0.05 to 0.35 (K = 16, 1000 steps of Adam 1e-3) the final
+#: ELBOs equal those of the old start at c itself within 0.01 nats; starting at c / 2
+#: lost 0.01-0.03 nats there; on a 10-D Gaussian with correlation 0.999 (c = 0.05) both
+#: gained about 1 nat over the start at c (2026-12-01, /tmp scratch A/B, in the note).
+CEILING_START = 0.9
+
 #: Rows of the setup's value-and-gradient calls (the warm start's: 3 starts × 8 draws).
 SETUP_ROWS = 24
 
-#: Seconds a warm start runs before its progress bar shows (``progress_bar=True``): on
-#: most models it is over before then and prints nothing.
-PROGRESS_DELAY = 3.0
+#: A warm start shows its progress bar (``progress_bar=True``) once its VI steps have run
+#: ``PROGRESS_DELAY`` seconds, and only where all of them would take more than
+#: ``PROGRESS_MIN_TOTAL`` seconds (on most models they are over in a second or two).
+PROGRESS_DELAY = 2.0
+PROGRESS_MIN_TOTAL = 10.0
 
 #: Where the kick's force saturates, in q's standard deviations (AnnealingParams.force_limit).
 FORCE_LIMIT_SDS = 30.0
@@ -626,9 +638,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             only ``svi.init``'s time changes. A ``jax.Device`` is pickled as its
             platform name.
         progress_bar: show a progress bar (on stderr, as ``svi.run``'s) over the warm
-            start's steps when it runs longer than :data:`PROGRESS_DELAY` seconds (a
-            model whose log density is expensive: the warm start evaluates its gradient
-            at 24 points per step); ``False`` never shows one.
+            start's VI steps when they take longer than :data:`PROGRESS_MIN_TOTAL`
+            seconds (a model whose log density is expensive: the warm start evaluates
+            its gradient at 24 points per step); ``False`` never shows one.
     """
 
     def __init__(
@@ -934,7 +946,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         dtype = init_loc.dtype
         if lam is None or _is_tracer(lam):
             lam = jnp.asarray(jnp.nan, dtype)
-        start = _start_arrays(loc, scale, lam, self.K + 1, host=host)
+        start = _start_arrays(
+            loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size, host=host
+        )
         with_ceiling = not _is_tracer(start["stability_ceiling"]) and bool(
             jnp.isfinite(start["stability_ceiling"])
         )
@@ -951,7 +965,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             "scale": scale,
             "step_size": jnp.asarray(self.init_step_size, loc.dtype),
             "damping": jnp.asarray(self.init_damping, loc.dtype),
-            **{k: v for k, v in start.items() if k not in FIXED},
+            **{k: v for k, v in start.items() if k not in FIXED and k != "ceiled_step_size"},
         }
         if preconditioned:
             # Both enter the dynamics, so they are registered as (never learned) params:
@@ -959,6 +973,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             if with_ceiling:
                 values["stability_scale"] = start["stability_scale"]
                 values["stability_ceiling"] = start["stability_ceiling"]
+                values["step_size"] = start["ceiled_step_size"]
             # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
             # coordinate that far out; see AnnealingParams.force_limit
             values["force_limit"] = start["force_limit"]
@@ -1270,7 +1285,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             if kind == "warm_start":
                 loc, scale = out.loc, out.scale
                 _all_finite((loc, scale), host=True)
-            start = _start_arrays(loc, scale, lam, self.K + 1, host=True)
+            start = _start_arrays(
+                loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size, host=True
+            )
             if full_rank:  # the Cholesky parameter's inverse transform (svi.init's)
                 _scale_corr_inverse(scale, start["stability_scale"], host=True)
             return start, _q_draw(key, loc, scale, host=True)  # the setup call's draw
@@ -1789,10 +1806,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         )
         if "stability_ceiling" in values:
             # the largest per-coordinate step, in units of q's sds, stays under the
-            # leapfrog's stability ceiling (see _start_arrays)
-            s, c = values["stability_scale"], values["stability_ceiling"]
-            widest = jnp.max(values["drift_scale"] / (values["momentum_scale"] * s))
-            step_sizes = jnp.minimum(step_sizes, c / widest)
+            # leapfrog's stability ceiling (see _start_arrays), by a map that keeps the
+            # step sizes' gradient (a clip gave them none while it held)
+            step_sizes = step_sizes_under_ceiling(
+                step_sizes, _step_ceiling(values), self.max_step_size
+            )
         return AnnealingParams(
             loc=values["loc"],
             scale=values["scale"],
@@ -1824,6 +1842,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             value = numpyro.param(
                 self._param_name(short), self._init_values[short], constraint=constraint
             )
+            self._check_param_shape(short, jnp.shape(value))
             values[short] = value if self._learnable(short) else jax.lax.stop_gradient(value)
         return values
 
@@ -1975,6 +1994,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         latent, model_params = self._latent_and_model_params(
             *args, _setup_call=setup_call, **kwargs
         )
+        _claim_prefix(self.prefix, latent)
         mask_off = numpyro.get_mask() is False
         arrays, spec = _split_static((args, kwargs), self._hold_data)
         inputs = (latent, model_params, arrays)
@@ -2113,17 +2133,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         (if concrete)."""
         if _is_tracer(params):
             return
-        for short in ("loc", "scale"):  # q's: their shape is the model's latent size
-            name = self._param_name(short)
-            if name in params and self._init_values is not None and short in self._init_values:
-                given, own = jnp.shape(params[name]), jnp.shape(self._init_values[short])
-                if given != own:
-                    raise ValueError(
-                        f"UHAGuide: params['{name}'] has shape {given}, this guide's has "
-                        f"{own} (its model has {self.latent_dim} unconstrained latent "
-                        "coordinates): these params are another guide's or another "
-                        "model's. Pass this guide's fitted params (svi.get_params(state))."
-                    )
+        if self._init_values is not None:
+            for short, own in self._init_values.items():
+                name = self._param_name(short)
+                if name in params:
+                    self._check_param_shape(short, jnp.shape(params[name]))
         if self._latch_name in params:
             check_latch(params[self._latch_name], self._divergence, "in the params given")
         bad = self._checked_params.get(params)
@@ -2144,6 +2158,29 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 f"UHAGuide: parameter(s) {bad} contain NaN or inf; the training run diverged. "
                 "Retrain with a smaller learning rate or max_step_size."
             )
+
+    def _check_param_shape(self, short, given):
+        """A clear error where one of this guide's parameters has another shape than its
+        own: a fit of another model, another guide or another K (read at trace time, so
+        also inside ``jit``, at no cost to the compiled step)."""
+        own = jnp.shape(self._init_values[short])
+        if tuple(given) == tuple(own):
+            return
+        name = self._param_name(short)
+        if short == "beta_logits":
+            raise ValueError(
+                f"UHAGuide: params['{name}'] has shape {tuple(given)}, this guide's has "
+                f"{own}: they are a fit with K = {given[-1] - 1 if given else '?'} "
+                f"transitions, this guide has K = {self.K}. Use a guide with that K, or "
+                "guide.extrapolate(K, params) to carry the fit over."
+            )
+        raise ValueError(
+            f"UHAGuide: params['{name}'] has shape {tuple(given)}, this guide's has {own} "
+            f"(its model has {self.latent_dim} unconstrained latent coordinates): these "
+            "params (or this SVI state) are another guide's or another model's. Pass this "
+            "guide's fitted params (svi.get_params(state)), or set up a new fit for the "
+            "changed model."
+        )
 
     @property
     def last_finite_params(self):
@@ -3012,14 +3049,23 @@ def _all_finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]))
 
 
+def _step_ceiling(values):
+    """The largest step size ε the stability ceiling c allows with the current δ and Σ:
+    every per-coordinate step ε δ_i / Σ_i^(1/2) at most c · s_i (see :func:`_start_arrays`)."""
+    s, c = values["stability_scale"], values["stability_ceiling"]
+    return c / jnp.max(values["drift_scale"] / (values["momentum_scale"] * s))
+
+
 @small_jit(static_argnums=(3,))
-def _start_arrays(loc, scale, lam, num_betas):
+def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size):
     """The start's derived arrays, in one small program (run eagerly, these few dozen
     operations would each be compiled on their own): the parameters' initial values
     that do not depend on the constructor's options, and the dynamics' fixed bounds:
     ``stability_scale`` s, q's marginal sds; ``stability_ceiling`` c: every
-    per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most c · s_i; and
-    ``force_limit``.
+    per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most c · s_i (by
+    :func:`~numpyro_uha.core.step_sizes_under_ceiling`); ``force_limit``; and
+    ``ceiled_step_size``, the first ε under that ceiling (``init_step_size``, or half
+    of the ceiling where that is lower and the ceiling below ``max_step_size``).
 
     The leapfrog is stable on a quadratic target only while ε · sqrt(λ_max) < 2 for the
     Hessian in the step's units; at a point, in units of s, λ (``lam``) is found by
@@ -3030,6 +3076,10 @@ def _start_arrays(loc, scale, lam, num_betas):
     """
     s = _marginal_std(scale)
     zeros = jnp.zeros_like(loc)
+    ceiling = jnp.where(
+        jnp.isfinite(lam) & (lam > 0), 2.0 * STABILITY_FRACTION / jnp.sqrt(lam), jnp.inf
+    )
+    init_step_size = jnp.asarray(init_step_size, loc.dtype)
     return {
         "step_size_slope": jnp.zeros((), loc.dtype),
         "momentum_scale": 1.0 / s,
@@ -3038,8 +3088,14 @@ def _start_arrays(loc, scale, lam, num_betas):
         "drift_scale": jnp.ones_like(loc),
         "bridge_log_scale_slope": zeros,
         "stability_scale": s,
-        "stability_ceiling": jnp.where(
-            jnp.isfinite(lam) & (lam > 0), 2.0 * STABILITY_FRACTION / jnp.sqrt(lam), jnp.inf
+        "stability_ceiling": ceiling,
+        # the first step size under a ceiling (δ = 1, Σ^(1/2) = 1 / s: ε's own ceiling is
+        # c): at most half of it, away from the edge of stability, where the map of
+        # step_sizes_under_ceiling is the identity; unchanged where c ≥ ε_max
+        "ceiled_step_size": jnp.where(
+            ceiling < max_step_size,
+            jnp.minimum(init_step_size, CEILING_START * ceiling),
+            init_step_size,
         ),
         # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
         # coordinate that far out; see AnnealingParams.force_limit
@@ -3126,23 +3182,60 @@ def _check_frozen(frozen) -> tuple:
     return tuple(frozen)
 
 
+def _claim_prefix(prefix: str, latent) -> None:
+    """Record the flat latent as the deterministic site ``_{prefix}_latent``, the name
+    NumPyro's ``AutoContinuous`` guides give their own latent: two guides of one
+    ``AutoGuideList`` with the same prefix share their parameters (``auto_loc``,
+    ``auto_scale``, …) without a word, and the site's duplicate name makes NumPyro's
+    trace refuse them instead, whichever guide runs first."""
+    name = f"_{prefix}_latent"
+    try:
+        numpyro.deterministic(name, latent)
+    except AssertionError as err:
+        if "unique names" not in str(err):
+            raise
+        raise ValueError(
+            f"UHAGuide(prefix={prefix!r}): another guide in this trace uses the same "
+            f"prefix (its site {name!r}), so the two would share the parameters named "
+            f"'{prefix}_loc', '{prefix}_scale', …. Give each guide of an AutoGuideList "
+            f"its own prefix, e.g. UHAGuide(model, prefix='uha')."
+        ) from err
+
+
 @contextlib.contextmanager
 def _warm_start_bar(enabled: bool, total: int):
     """A progress bar over the warm start's VI steps, on stderr as NumPyro's ``svi.run``
-    draws its own, shown once the warm start has run :data:`PROGRESS_DELAY` seconds and
-    cleared when it ends; yields the warm start's ``callback`` (``None`` when not
-    ``enabled``)."""
+    draws its own, cleared when the warm start ends; yields the warm start's
+    ``callback`` (``None`` when not ``enabled``). The bar appears only for a long VI:
+    once its steps have run :data:`PROGRESS_DELAY` seconds and all of them would take
+    more than :data:`PROGRESS_MIN_TOTAL` (on most models the VI is over in a second or
+    two and prints nothing)."""
     if not enabled:
         yield None
         return
-    bar = tqdm.tqdm(
-        total=total, desc="UHAGuide warm start", unit="step", delay=PROGRESS_DELAY,
-        leave=False,
-    )
+    state = {"bar": None, "start": None}
+
+    def callback(done):
+        now = time.perf_counter()
+        if state["start"] is None:  # timed from the first step, not the compilations
+            state["start"] = now
+            return
+        bar = state["bar"]
+        if bar is None:
+            elapsed = now - state["start"]
+            if elapsed < PROGRESS_DELAY or elapsed * total / done < PROGRESS_MIN_TOTAL:
+                return
+            bar = state["bar"] = tqdm.tqdm(
+                total=total, initial=done, desc="UHAGuide warm start", unit="step",
+                leave=False,
+            )
+        bar.update(done - bar.n)
+
     try:
-        yield lambda done: bar.update(done - bar.n)
+        yield callback
     finally:
-        bar.close()
+        if state["bar"] is not None:
+            state["bar"].close()
 
 
 def _step_device(spec):

@@ -46,6 +46,7 @@ def test_the_callback_counts_every_step_and_changes_nothing():
 @pytest.mark.parametrize("progress_bar", [True, False])
 def test_a_warm_start_longer_than_the_delay_shows_its_bar(monkeypatch, capsys, progress_bar):
     monkeypatch.setattr(guide_module, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(guide_module, "PROGRESS_MIN_TOTAL", 0.0)
     closed_at = []
 
     class Recording(tqdm.tqdm):
@@ -64,7 +65,7 @@ def test_a_warm_start_longer_than_the_delay_shows_its_bar(monkeypatch, capsys, p
         assert closed_at == []
 
 
-def test_a_warm_start_shorter_than_the_delay_prints_nothing(capsys):
+def test_a_short_warm_start_prints_nothing(capsys):
     _init(UHAGuide(_model, K=4, warm_start_steps=200))
     assert "warm start" not in capsys.readouterr().err
 

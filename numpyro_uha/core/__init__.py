@@ -37,6 +37,7 @@ from numpyro_uha.core.parametrization import (
     interpolate_betas,
     logits_from_betas,
     step_sizes_from_beta,
+    step_sizes_under_ceiling,
 )
 from numpyro_uha.core.sharding import leading_axis_sharding, shard_particles
 from numpyro_uha.core.vi import GaussianFit, fit_gaussian, gaussian_elbo, gaussian_log_weights
@@ -71,6 +72,7 @@ __all__ = [
     "reverse_annealed_sample_rows",
     "shard_particles",
     "step_sizes_from_beta",
+    "step_sizes_under_ceiling",
     "uha_sample",
     "uha_sample_rows",
 ]

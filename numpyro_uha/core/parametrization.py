@@ -14,6 +14,7 @@ __all__ = [
     "betas_from_logits",
     "logits_from_betas",
     "step_sizes_from_beta",
+    "step_sizes_under_ceiling",
     "interpolate_betas",
 ]
 
@@ -52,6 +53,29 @@ def step_sizes_from_beta(
     """
     base = jnp.log(step_size) - jnp.log(max_step_size - step_size)
     return max_step_size * jax.nn.sigmoid(base + slope * betas)
+
+
+#: Where :func:`step_sizes_under_ceiling` leaves the identity, as a fraction of the ceiling.
+CEILING_KNEE = 0.9
+
+
+def step_sizes_under_ceiling(
+    step_sizes: jax.Array, ceiling: jax.Array, max_step_size: float
+) -> jax.Array:
+    """Step sizes in (0, ε_max) held under a ceiling c by a map that keeps their gradient.
+
+    With c' = min(c, ε_max) and the knee k = :data:`CEILING_KNEE` · c': ε itself up to k,
+    then linear from (k, k) to (ε_max, c'). The map is continuous and strictly increasing
+    from (0, ε_max) onto (0, c'), its slope at least (c' − k) / (ε_max − k), so an
+    optimizer can move ε anywhere below the ceiling. A clip (``min(ε, c)``) gives ε no
+    gradient while ε is above c: a step that starts there, or is pushed there, never
+    moves again. Where c ≥ ε_max the map is the identity (slope 1), and it is
+    homogeneous: scaling ε, c and ε_max by one factor scales the result by it.
+    """
+    top = jnp.minimum(ceiling, max_step_size)
+    knee = CEILING_KNEE * top
+    slope = (top - knee) / (max_step_size - knee)
+    return jnp.where(step_sizes <= knee, step_sizes, knee + slope * (step_sizes - knee))
 
 
 def interpolate_betas(betas: jax.Array, num_transitions: int) -> jax.Array:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Mapping
 from functools import partial
 import functools
 import hashlib
@@ -687,8 +688,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         _check_step_sizes(init_step_size, max_step_size)
         if not 0 <= init_damping < 1:
             raise ValueError(f"init_damping (η) must be in [0, 1), got {init_damping!r}.")
-        if not init_scale > 0:
-            raise ValueError(f"init_scale must be a positive number, got {init_scale!r}.")
+        if not (init_scale > 0 and math.isfinite(init_scale)):
+            raise ValueError(f"init_scale must be a positive finite number, got {init_scale!r}.")
+        if not callable(model):
+            raise TypeError(f"model must be a callable NumPyro model, got {model!r}.")
+        if not isinstance(prefix, str) or not prefix:
+            raise TypeError(f"prefix must be a non-empty string, got {prefix!r}.")
         if not (warm_start_learning_rate > 0):
             raise ValueError(
                 f"warm_start_learning_rate must be positive, got {warm_start_learning_rate!r}."
@@ -2786,6 +2791,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         is the inverse of what :meth:`sample_posterior` returns, in this guide's layout.
         """
         self._require_setup()
+        if not isinstance(samples, Mapping):
+            raise TypeError(
+                "samples must be a dict {site name: draws} (e.g. mcmc.get_samples()), got "
+                f"{type(samples).__name__}."
+            )
         # the model's own latent sites (x for a site the guide runs non-centered as x̃)
         own = {name: self._model_site(name) for name in self._init_locs}
         missing = [name for name in own.values() if name not in samples]

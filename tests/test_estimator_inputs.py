@@ -99,3 +99,10 @@ def test_finite_data_and_params_still_estimate(fitted):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UHAFitWarning)  # 5 training steps
         assert np.isfinite(log_z(guide, jax.random.PRNGKey(1), params, y, num_draws=20, batch_size=8).iw)
+
+
+def test_data_in_the_posterior_samples_slot_is_named(fitted):
+    # sandwich(guide, key, params, y): the data where the dict of draws belongs
+    guide, params, y = fitted
+    with pytest.raises(TypeError, match=r"posterior_samples must be a dict \{site name: draws\}.*got ArrayImpl"):
+        sandwich(guide, jax.random.PRNGKey(1), params, y)

@@ -53,6 +53,7 @@ BAD_ARGUMENTS = [
     pytest.param({"init_damping": -0.1}, "damping", id="init_damping<0"),
     pytest.param({"init_scale": 0.0}, "init_scale", id="init_scale=0"),
     pytest.param({"init_scale": -1.0}, "init_scale", id="init_scale<0"),
+    pytest.param({"init_scale": float("inf")}, "init_scale", id="init_scale=inf"),
     pytest.param({"base_dist": "full"}, "base_dist", id="base_dist=full"),
     pytest.param({"warm_start_steps": -1}, "warm_start_steps", id="warm_start_steps<0"),
     pytest.param({"sample_batch_size": 0}, "sample_batch_size", id="sample_batch_size=0"),
@@ -73,6 +74,17 @@ BAD_ARGUMENTS = [
 def test_bad_constructor_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         UHAGuide(normal_model, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "model, prefix, match",
+    [(None, "auto", "model must be a callable"), (3, "auto", "model must be a callable"),
+     (normal_model, 3, "prefix must be a non-empty string"),
+     (normal_model, "", "prefix must be a non-empty string")],
+)
+def test_a_model_that_is_not_callable_or_a_prefix_that_is_not_a_string(model, prefix, match):
+    with pytest.raises(TypeError, match=match):
+        UHAGuide(model, prefix=prefix)
 
 
 def test_unknown_frozen_group_is_listed():

@@ -23,6 +23,8 @@ draws at an already used width, runs without compiling.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import math
 import warnings
 import weakref
@@ -609,6 +611,12 @@ def _guide_positions(guide, params, posterior_samples, args, kwargs):
     from numpyro_uha.guide import _split_static
 
     _check_guide(guide)
+    if not isinstance(posterior_samples, Mapping):
+        raise TypeError(
+            "posterior_samples must be a dict {site name: draws} (e.g. mcmc.get_samples()), "
+            f"got {type(posterior_samples).__name__}; the model's arguments come after it "
+            "(sandwich(guide, key, params, posterior_samples, *args))."
+        )
     arrays, spec = _split_static((args, kwargs), guide._hold_data)
     # Latent sites only (other keys, e.g. deterministic sites, play no part), as arrays:
     # latent_from_samples names missing ones.

@@ -162,14 +162,6 @@ CURVATURE_DRAWS = HVP_ROWS - 1
 #: breakdown). Where the curvature is the same everywhere (a Gaussian), nothing changes.
 CURVATURE_WIDTH = 2.0
 
-#: The first step size under a stability ceiling c below ``max_step_size``: at most this
-#: fraction of c (see _start_arrays), where the ceiling's map is still the identity. On
-#: seven zoo models with c from 0.05 to 0.35 (K = 16, 1000 steps of Adam 1e-3) the final
-#: ELBOs equal those of the old start at c itself within 0.01 nats; starting at c / 2
-#: lost 0.01-0.03 nats there; on a 10-D Gaussian with correlation 0.999 (c = 0.05) both
-#: gained about 1 nat over the start at c (2026-12-01, /tmp scratch A/B, in the note).
-CEILING_START = 0.9
-
 #: Rows of the setup's value-and-gradient calls (the warm start's: 3 starts × 8 draws).
 SETUP_ROWS = 24
 
@@ -1811,11 +1803,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         )
         if "stability_ceiling" in values:
             # the largest per-coordinate step, in units of q's sds, stays under the
-            # leapfrog's stability ceiling (see _start_arrays), by a map that keeps the
-            # step sizes' gradient (a clip gave them none while it held)
-            step_sizes = step_sizes_under_ceiling(
-                step_sizes, _step_ceiling(values), self.max_step_size
-            )
+            # leapfrog's stability ceiling (see _start_arrays), by a clip whose gradient
+            # can bring a step above it back under it (a plain clip gave it none)
+            step_sizes = step_sizes_under_ceiling(step_sizes, _step_ceiling(values))
         return AnnealingParams(
             loc=values["loc"],
             scale=values["scale"],
@@ -3074,8 +3064,8 @@ def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size):
     ``stability_scale`` s, q's marginal sds; ``stability_ceiling`` c: every
     per-coordinate step ε(β_m) δ_i / Σ_i^(1/2) is kept at most c · s_i (by
     :func:`~numpyro_uha.core.step_sizes_under_ceiling`); ``force_limit``; and
-    ``ceiled_step_size``, the first ε under that ceiling (``init_step_size``, or half
-    of the ceiling where that is lower and the ceiling below ``max_step_size``).
+    ``ceiled_step_size``, the first ε under that ceiling (``init_step_size``, or the
+    ceiling where that is lower).
 
     The leapfrog is stable on a quadratic target only while ε · sqrt(λ_max) < 2 for the
     Hessian in the step's units; at a point, in units of s, λ (``lam``) is found by
@@ -3100,12 +3090,10 @@ def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size):
         "stability_scale": s,
         "stability_ceiling": ceiling,
         # the first step size under a ceiling (δ = 1, Σ^(1/2) = 1 / s: ε's own ceiling is
-        # c): at most half of it, away from the edge of stability, where the map of
-        # step_sizes_under_ceiling is the identity; unchanged where c ≥ ε_max
+        # c): at most c, the same first step as the clip gave, but stored there rather
+        # than above it (step_sizes_under_ceiling's gradient then moves it at once)
         "ceiled_step_size": jnp.where(
-            ceiling < max_step_size,
-            jnp.minimum(init_step_size, CEILING_START * ceiling),
-            init_step_size,
+            ceiling < max_step_size, jnp.minimum(init_step_size, ceiling), init_step_size
         ),
         # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
         # coordinate that far out; see AnnealingParams.force_limit

@@ -55,27 +55,38 @@ def step_sizes_from_beta(
     return max_step_size * jax.nn.sigmoid(base + slope * betas)
 
 
-#: Where :func:`step_sizes_under_ceiling` leaves the identity, as a fraction of the ceiling.
-CEILING_KNEE = 0.9
+@jax.custom_vjp
+def step_sizes_under_ceiling(step_sizes: jax.Array, ceiling: jax.Array) -> jax.Array:
+    """``min(ε, c)``, the step sizes held under a ceiling c, with a gradient that lets an
+    optimizer bring ε back under it.
 
-
-def step_sizes_under_ceiling(
-    step_sizes: jax.Array, ceiling: jax.Array, max_step_size: float
-) -> jax.Array:
-    """Step sizes in (0, ε_max) held under a ceiling c by a map that keeps their gradient.
-
-    With c' = min(c, ε_max) and the knee k = :data:`CEILING_KNEE` · c': ε itself up to k,
-    then linear from (k, k) to (ε_max, c'). The map is continuous and strictly increasing
-    from (0, ε_max) onto (0, c'), its slope at least (c' − k) / (ε_max − k), so an
-    optimizer can move ε anywhere below the ceiling. A clip (``min(ε, c)``) gives ε no
-    gradient while ε is above c: a step that starts there, or is pushed there, never
-    moves again. Where c ≥ ε_max the map is the identity (slope 1), and it is
-    homogeneous: scaling ε, c and ε_max by one factor scales the result by it.
+    The value is the clip's. Its derivative in ε is 0 above c, so a step that starts
+    above the ceiling, or is pushed there, would never move again, even where the loss
+    wants smaller steps. Here, where ε ≥ c, a cotangent that asks for a smaller step
+    (positive: the loss grows with the step) reaches ε as if the clip were not there, so
+    gradient descent lowers ε until it is under c and the clip lets go; one that asks for
+    a larger step does not (the ceiling holds). The ceiling's own gradient is the clip's.
     """
-    top = jnp.minimum(ceiling, max_step_size)
-    knee = CEILING_KNEE * top
-    slope = (top - knee) / (max_step_size - knee)
-    return jnp.where(step_sizes <= knee, step_sizes, knee + slope * (step_sizes - knee))
+    return jnp.minimum(step_sizes, ceiling)
+
+
+def _ceiling_fwd(step_sizes, ceiling):
+    return jnp.minimum(step_sizes, ceiling), (step_sizes, ceiling)
+
+
+def _ceiling_bwd(residuals, g):
+    step_sizes, ceiling = residuals
+    above = step_sizes >= ceiling
+    d_step = jnp.where(above, jnp.maximum(g, 0.0), g)
+    d_ceiling = jnp.where(above, g, jnp.zeros_like(g))
+    # the ceiling may be a scalar shared by every step: sum over the broadcast axes
+    d_ceiling = jnp.sum(d_ceiling) if jnp.ndim(ceiling) == 0 else d_ceiling
+    return d_step.astype(jnp.result_type(step_sizes)), jnp.asarray(
+        d_ceiling, jnp.result_type(ceiling)
+    )
+
+
+step_sizes_under_ceiling.defvjp(_ceiling_fwd, _ceiling_bwd)
 
 
 def interpolate_betas(betas: jax.Array, num_transitions: int) -> jax.Array:

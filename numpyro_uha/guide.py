@@ -631,9 +631,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             only ``svi.init``'s time changes. A ``jax.Device`` is pickled as its
             platform name.
         progress_bar: show a progress bar (on stderr, as ``svi.run``'s) over the warm
-            start's VI steps when they take longer than :data:`PROGRESS_MIN_TOTAL`
-            seconds (a model whose log density is expensive: the warm start evaluates
-            its gradient at 24 points per step); ``False`` never shows one.
+            start's VI steps when they take longer than 10 seconds
+            (``numpyro_uha.guide.PROGRESS_MIN_TOTAL``; a model whose log density is
+            expensive: the warm start evaluates its gradient at 24 points per step);
+            ``False`` never shows one.
     """
 
     def __init__(

@@ -2580,7 +2580,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             f"q's ELBO is {start:.4g} ± {start_se:.2g}. The draws may be far from the "
             "posterior. This happens when the learning rate is too high for the annealing "
             "parameters (they drift until the dynamics break down): train with a smaller "
-            "learning rate (e.g. optax.adam(1e-2) or 1e-3).",
+            "learning rate (e.g. optax.adam(1e-2) or 1e-3). If UHA is below q already "
+            "before training and a smaller rate does not help, its leapfrog steps are "
+            "too large for this posterior (a strongly correlated one: the momentum's "
+            "scales are per coordinate): pass init_step_size at half (or less) of the "
+            "first step it uses now, guide.get_annealing_params(params).step_sizes[0].",
             UHAFitWarning,
             stacklevel=stacklevel + 1,
         )

@@ -92,3 +92,16 @@ def test_a_step_size_above_the_ceiling_still_gets_a_gradient(setup):
     # at the ceiling on this posterior the loss grows with the step: the push reaches ε
     grad = jax.grad(loss)(params["auto_step_size"])
     assert np.isfinite(float(grad)) and float(grad) > 0.0
+
+
+def test_steps_and_ceiling_broadcast_and_their_gradients_keep_their_shapes():
+    def total(eps, ceiling):
+        return jnp.sum(step_sizes_under_ceiling(eps, ceiling))
+
+    # one step under two ceilings: above the first, under the second
+    d_eps, d_ceiling = jax.grad(total, argnums=(0, 1))(jnp.asarray(0.1), jnp.array([0.05, 0.2]))
+    assert d_eps.shape == () and float(d_eps) == 2.0  # pushed down at one, free at the other
+    np.testing.assert_array_equal(d_ceiling, [1.0, 0.0])
+    # a scalar ceiling over a vector of steps: its gradient sums over the steps it holds
+    d_ceiling = jax.grad(total, argnums=1)(jnp.array([0.01, 0.2, 0.8]), jnp.asarray(0.05))
+    assert d_ceiling.shape == () and float(d_ceiling) == 2.0

@@ -55,7 +55,6 @@ def step_sizes_from_beta(
     return max_step_size * jax.nn.sigmoid(base + slope * betas)
 
 
-@jax.custom_vjp
 def step_sizes_under_ceiling(step_sizes: jax.Array, ceiling: jax.Array) -> jax.Array:
     """``min(ε, c)``, the step sizes held under a ceiling c, with a gradient that lets an
     optimizer bring ε back under it.
@@ -66,27 +65,31 @@ def step_sizes_under_ceiling(step_sizes: jax.Array, ceiling: jax.Array) -> jax.A
     (positive: the loss grows with the step) reaches ε as if the clip were not there, so
     gradient descent lowers ε until it is under c and the clip lets go; one that asks for
     a larger step does not (the ceiling holds). The ceiling's own gradient is the clip's.
+    ``step_sizes`` and ``ceiling`` broadcast against each other.
     """
+    # broadcast first: the elementwise rule below then needs no un-broadcasting of its
+    # cotangents (broadcast_arrays' own transpose sums them back to each input's shape)
+    return _clip_from_above(*jnp.broadcast_arrays(step_sizes, ceiling))
+
+
+@jax.custom_vjp
+def _clip_from_above(step_sizes, ceiling):
     return jnp.minimum(step_sizes, ceiling)
 
 
-def _ceiling_fwd(step_sizes, ceiling):
+def _clip_fwd(step_sizes, ceiling):
     return jnp.minimum(step_sizes, ceiling), (step_sizes, ceiling)
 
 
-def _ceiling_bwd(residuals, g):
+def _clip_bwd(residuals, g):
     step_sizes, ceiling = residuals
     above = step_sizes >= ceiling
     d_step = jnp.where(above, jnp.maximum(g, 0.0), g)
     d_ceiling = jnp.where(above, g, jnp.zeros_like(g))
-    # the ceiling may be a scalar shared by every step: sum over the broadcast axes
-    d_ceiling = jnp.sum(d_ceiling) if jnp.ndim(ceiling) == 0 else d_ceiling
-    return d_step.astype(jnp.result_type(step_sizes)), jnp.asarray(
-        d_ceiling, jnp.result_type(ceiling)
-    )
+    return d_step.astype(step_sizes.dtype), d_ceiling.astype(ceiling.dtype)
 
 
-step_sizes_under_ceiling.defvjp(_ceiling_fwd, _ceiling_bwd)
+_clip_from_above.defvjp(_clip_fwd, _clip_bwd)
 
 
 def interpolate_betas(betas: jax.Array, num_transitions: int) -> jax.Array:

@@ -231,6 +231,57 @@ def test_difference_products_are_exact_on_a_quadratic():
     np.testing.assert_allclose(hessian, -precision, rtol=1e-3, atol=1e-3 * np.abs(precision).max())
 
 
+def _far_regression(intercept):
+    """A Gaussian regression in single precision whose intercept's posterior sits at
+    ``intercept`` with sd ~3.5e3 (y ≈ 3e5 + 2e4 x + N(0, 5e4²), 200 points, priors
+    N(0, 1e6²) and N(0, 1e5²)): its exact Hessian, constant."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=200)
+    y = intercept + 2e4 * x + 5e4 * rng.normal(size=200)
+    xs, ys = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)
+
+    def logdensity(z):
+        prior = dist.Normal(0.0, 1e6).log_prob(z[0]) + dist.Normal(0.0, 1e5).log_prob(z[1])
+        return prior + dist.Normal(z[0] + z[1] * xs, 5e4).log_prob(ys).sum()
+
+    design = np.stack([np.ones(200), x], 1)
+    precision = np.diag([1e-12, 1e-10]) + design.T @ design / 5e4**2
+    mode = np.linalg.solve(precision, design.T @ y / 5e4**2)
+    return logdensity, -precision, mode
+
+
+@pytest.mark.parametrize("intercept, where", [(1e5, "mode"), (3e5, "mode"), (3e5, "origin")])
+def test_difference_products_are_resolved_far_from_the_origin_in_single_precision(
+    intercept, where
+):
+    """Far from the origin (a mode at 1e5, where z + 1e-2 rounds to z + 0.0078, or at
+    3e5, where it rounds back to z) and far from the mode (at the origin: gradients ~0.02,
+    their differences ~1e-9, at single precision's resolution) the central differences
+    with a fixed step were off by a fifth, 0, or rounding noise; the products must be the
+    exact Hessian's within 1 % of its largest entry (the warm start's scales and step
+    ceiling come from them)."""
+    logdensity, hessian, mode = _far_regression(intercept)
+    z = jnp.asarray(mode if where == "mode" else [0.3, -0.2], jnp.float32)
+    got = np.asarray(_difference(logdensity).hvp(jnp.stack([z, z]), jnp.eye(2, dtype=jnp.float32)))
+    np.testing.assert_allclose(got, hessian, atol=0.01 * np.abs(hessian).max())
+
+
+def test_a_warm_start_from_the_origin_fits_a_posterior_3e5_away_in_single_precision():
+    """The guide's case (a regression's intercept near 3e5, float32): the curvature at the
+    start was rounding noise, the start scale fell back to 0.1 against a posterior sd of
+    3.5e3 and the mode search never left the origin; q ended 3.7e3 sds from the mean
+    with 0.014 of its sd, and nothing warned."""
+    logdensity, hessian, mode = _far_regression(3e5)
+    sd = np.sqrt(np.diag(np.linalg.inv(-hessian)))
+    fit = warm_start(
+        jax.random.PRNGKey(0), None, jnp.asarray([0.18, 1.26]), 0.1, full_rank=True,
+        num_steps=300, oracle=_difference(logdensity),
+    )
+    scale = np.asarray(fit.scale, np.float64)
+    np.testing.assert_array_less(np.abs(np.asarray(fit.loc) - mode) / sd, 0.2)
+    np.testing.assert_allclose(np.sqrt(np.diag(scale @ scale.T)) / sd, 1.0, atol=0.1)
+
+
 def test_warm_start_on_difference_products_compiles_the_log_density_once():
     oracle = _difference(logistic)
     fit = warm_start(jax.random.PRNGKey(0), None, jnp.zeros(4), 0.1, num_steps=100, oracle=oracle)

@@ -162,14 +162,29 @@ def khat_verdict(k) -> str:
     return "bad"
 
 
-def _warn_if_poor_fit(log_weights, where, *, stacklevel=3, khat=None, also=""):
+#: What the poor-fit warning suggests for UHAGuide's fits.
+UHA_ADVICE = (
+    "Train longer, use a larger K, or a smaller learning rate (and max_step_size if draws "
+    "diverge)."
+)
+#: ... and for any other guide (AutoNormal has no K or step size).
+GUIDE_ADVICE = (
+    "Train longer, use a smaller learning rate, or a guide closer to the posterior (e.g. "
+    "UHAGuide)."
+)
+
+
+def _warn_if_poor_fit(
+    log_weights, where, *, stacklevel=3, khat=None, also="", advice=UHA_ADVICE
+):
     """Emit :class:`~numpyro_uha.UHAFitWarning` when the weights say the fit is poor.
 
     Fires when Pareto k̂ ≥ ``KHAT_BAD`` (0.7; an ``inf`` k̂ from too few draws does not
     count), when the ELBO's standard error over the finite draws exceeds
     ``ELBO_SE_BAD`` (1 nat), or when more than 10 % of the draws diverged. NaN and -inf
     log weights are zero weights. ``also`` is a sentence added to the message (what
-    the poor fit means for the caller's result). Returns k̂.
+    the poor fit means for the caller's result); ``advice`` what to do (UHAGuide's by
+    default, :data:`GUIDE_ADVICE` for other guides). Returns k̂.
     """
     log_w = np.asarray(log_weights, dtype=np.float64).ravel()
     finite = np.isfinite(log_w)
@@ -178,11 +193,13 @@ def _warn_if_poor_fit(log_weights, where, *, stacklevel=3, khat=None, also=""):
     if khat is None:
         khat = psis_khat(np.where(finite, log_w, -np.inf))
     se = float(np.std(log_w[finite], ddof=1) / math.sqrt(np.sum(finite)))
-    _warn_poor_fit(khat, se, int(np.sum(finite)), log_w.size, where, stacklevel + 1, also)
+    _warn_poor_fit(
+        khat, se, int(np.sum(finite)), log_w.size, where, stacklevel + 1, also, advice
+    )
     return khat
 
 
-def _warn_poor_fit(khat, se, num_finite, size, where, stacklevel, also=""):
+def _warn_poor_fit(khat, se, num_finite, size, where, stacklevel, also="", advice=UHA_ADVICE):
     """:func:`_warn_if_poor_fit`'s criteria and warning, from k̂, the ELBO's standard
     error and the count of finite draws among ``size``."""
     num_bad = int(size - num_finite)
@@ -205,8 +222,7 @@ def _warn_poor_fit(khat, se, num_finite, size, where, stacklevel, also=""):
             + "; ".join(problems)
             + "."
             + (f" {also}" if also else "")
-            + " Train longer, use a larger K, or a smaller learning rate (and "
-            "max_step_size if draws diverge).",
+            + f" {advice}",
             UHAFitWarning,
             stacklevel=stacklevel,
         )

@@ -1993,6 +1993,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         _claim_prefix(self.prefix, latent)
         mask_off = numpyro.get_mask() is False
         arrays, spec = _split_static((args, kwargs), self._hold_data)
+        if not setup_call:  # (the setup's own checks name non-finite data)
+            self._raise_if_called_on_nonfinite_data(arrays, args, kwargs)
         inputs = (latent, model_params, arrays)
         if _is_tracer(inputs):
             emitted = self._emitted_impl(*inputs, spec=spec, mask_off=mask_off)
@@ -2430,6 +2432,32 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         return WeightedDraws(*jax.tree.map(
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))
+
+    def _raise_if_called_on_nonfinite_data(self, arrays, args, kwargs):
+        """A clear error where the guide is called (``Predictive``, ``svi.update``,
+        ``svi.run``'s step as it is traced) on data whose observed values are NaN or inf,
+        not masked out: the chains then give NaN draws (``Predictive`` returned them
+        silently) or a model error about a NaN ``loc``. Checked on concrete arguments
+        only (a jitted step's traced data are checked where its loss is), on the host,
+        with ``check_finite``; the model is traced only where some array is not finite."""
+        if not self.check_finite:
+            return
+        for x in jax.tree.leaves(arrays):
+            if (
+                not _is_tracer(x)
+                and jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+                and not np.all(np.isfinite(np.asarray(x)))
+            ):
+                break
+        else:
+            return
+        data = self._nonfinite_data_sites(args, kwargs)
+        if data:
+            raise ValueError(
+                f"UHAGuide: the data are not finite: {_name_nonfinite_data(data)}. Drop "
+                "those entries, or replace them by finite values and mask them out "
+                "(numpyro.handlers.mask or obs_mask)."
+            )
 
     def _raise_if_data_nonfinite(self, bad, num_draws, args, kwargs):
         """A clear error where ``bad`` of the draws' log weights are not finite because

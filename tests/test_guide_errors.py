@@ -7,7 +7,7 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 import pytest
-from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer import SVI, Predictive, Trace_ELBO
 
 from numpyro_uha import UHAGuide
 from numpyro_uha.guide import UHADivergenceError, UHADivergenceWarning
@@ -298,6 +298,45 @@ def test_nan_data_at_draw_time_names_the_site_not_the_dynamics(initialized):
                                sample_shape=(8,))
 
 
+
+
+def masked_normal_model(y, seen):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y, obs_mask=seen)
+
+
+@pytest.mark.parametrize("call", ["predictive", "svi_update", "svi_run"])
+def test_nan_data_in_a_call_of_the_guide_names_the_site(initialized, call):
+    """Set up on finite data, called with a NaN in y by Predictive (which returned NaN
+    draws, silently), by svi.update (a NumPyro error about the model's loc) and by
+    svi.run's compiled step: the error names the site and the entry."""
+    guide, params = initialized
+    bad = Y.at[1].set(jnp.nan)
+    match = r"data are not finite: observed site\(s\) 'y' \(NaN or inf at flat index \[1\]\)"
+    with pytest.raises(ValueError, match=match):
+        if call == "predictive":
+            Predictive(normal_model, guide=guide, params=params, num_samples=4)(
+                jax.random.PRNGKey(1), bad
+            )
+        else:
+            svi = svi_for(normal_model, guide)
+            state = svi.init(jax.random.PRNGKey(0), Y)
+            if call == "svi_update":
+                svi.update(state, bad)
+            else:
+                svi.run(jax.random.PRNGKey(0), 2, bad, init_state=state, progress_bar=False)
+
+
+def test_nan_data_masked_out_is_not_refused():
+    """NaN entries masked out by obs_mask are no error: Predictive's draws are finite."""
+    y, seen = Y.at[1].set(jnp.nan), jnp.array([True, False, True])
+    guide = UHAGuide(masked_normal_model, K=2, warm_start_steps=0)
+    svi = svi_for(masked_normal_model, guide)
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y, seen))
+    draws = Predictive(masked_normal_model, guide=guide, params=params, num_samples=4,
+                       return_sites=["mu"])(jax.random.PRNGKey(1), y, seen)
+    assert np.all(np.isfinite(draws["mu"]))
 
 @pytest.mark.filterwarnings("ignore:.*Out-of-support")
 @pytest.mark.parametrize("kwargs", WARM_STARTS)

@@ -135,3 +135,17 @@ def test_log_z_rejects_what_is_not_a_trained_numpyro_guide(auto_normal):
         log_z(guide, key, partial, Y)
     with pytest.raises(ValueError, match="num_draws"):
         log_z(guide, key, params, Y, num_draws=1)
+
+
+def test_a_poor_numpyro_guide_is_advised_without_uhas_knobs(auto_normal):
+    """A poor AutoNormal fit (q far narrower than the posterior) warns with advice for
+    such a guide, not UHAGuide's "larger K" and "max_step_size", which it lacks."""
+    from numpyro_uha import UHAFitWarning
+
+    guide, params = auto_normal
+    narrow = dict(params, mu_auto_scale=jnp.asarray([0.02, 0.02]))
+    with pytest.warns(UHAFitWarning, match="poor") as record:
+        log_z(guide, jax.random.PRNGKey(3), narrow, Y, num_draws=500)
+    message = " ".join(str(w.message) for w in record if issubclass(w.category, UHAFitWarning))
+    assert "larger K" not in message and "max_step_size" not in message
+    assert "UHAGuide" in message

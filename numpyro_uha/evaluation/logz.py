@@ -159,7 +159,7 @@ def _autoguide_log_z(
     from numpyro import handlers
     from numpyro.infer.autoguide import AutoGuide
 
-    from numpyro_uha._weights import _warn_if_poor_fit
+    from numpyro_uha._weights import GUIDE_ADVICE, _warn_if_poor_fit
     from numpyro_uha.evaluation.arviz import _check_positive_int
 
     if not isinstance(guide, AutoGuide):
@@ -198,7 +198,10 @@ def _autoguide_log_z(
         rng_key, guide.model, guide, params, num_draws, *args, batch_size=batch_size, **kwargs
     )
     estimate = log_z_from_weights(log_w, getattr(guide, "K", None))
-    _warn_if_poor_fit(log_w, "log_z", stacklevel=4)
+    _warn_if_poor_fit(
+        log_w, "log_z", stacklevel=4,
+        advice=GUIDE_ADVICE,  # (UHAGuide's log Z is not computed here)
+    )
     return estimate
 
 

@@ -337,17 +337,19 @@ def _difference_steps(zs, vs):
     ).astype(zs.dtype)
 
 
-#: A product is resolved where its difference of gradients is at least this many times
-#: their own rounding (the float's spacing at the larger gradient entry of the row): far
-#: from the mode the gradient is large and the curvature small (a regression's intercept
-#: 3e5 from a start at 0 under a N(0, 1e6²) prior: a difference of 2e-9 on gradients of
-#: 0.02, at the resolution of single precision), and the product was rounding noise.
+#: A product is resolved where some entry of its difference of gradients is more than
+#: this many times that entry's own rounding (the float's spacing at the larger of the
+#: two gradients' entries): far from the mode the gradient is large and the curvature
+#: small (a regression's intercept 3e5 from a start at 0 under a N(0, 1e6²) prior: a
+#: difference of 2e-9 on gradients of 0.02, at the resolution of single precision), and
+#: the product was rounding noise.
 DIFFERENCE_RESOLUTION = 64.0
 
 #: Rows whose product is not resolved are differenced again with their step this many
-#: times larger, at most :data:`DIFFERENCE_RETRIES` times (a flat direction stays
-#: unresolved, with a product near 0, as before).
+#: times larger (a flat direction stays unresolved, with a product near 0, as before).
 DIFFERENCE_WIDEN = 1024.0
+
+#: How many times a row is differenced again at most (see :data:`DIFFERENCE_WIDEN`).
 DIFFERENCE_RETRIES = 2
 
 
@@ -369,10 +371,8 @@ def _difference_finish(grads, h, previous, pending):
     rows = h.shape[0]
     up, down = grads[:rows], grads[rows : 2 * rows]
     products = (up - down) / (2.0 * h)
-    spacing = jnp.finfo(up.dtype).eps * jnp.maximum(
-        jnp.max(jnp.abs(up), axis=-1), jnp.max(jnp.abs(down), axis=-1)
-    )
-    resolved = jnp.max(jnp.abs(up - down), axis=-1) >= DIFFERENCE_RESOLUTION * spacing
+    spacing = jnp.finfo(up.dtype).eps * jnp.maximum(jnp.abs(up), jnp.abs(down))
+    resolved = jnp.any(jnp.abs(up - down) > DIFFERENCE_RESOLUTION * spacing, axis=-1)
     return jnp.where(pending[:, None], products, previous), pending & ~resolved
 
 

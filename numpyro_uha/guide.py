@@ -2451,7 +2451,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 break
         else:
             return
-        data = self._nonfinite_data_sites(args, kwargs)
+        with jax.ensure_compile_time_eval():  # eagerly, also inside Predictive's lax.map
+            data = self._nonfinite_data_sites(args, kwargs)
         if data:
             raise ValueError(
                 f"UHAGuide: the data are not finite: {_name_nonfinite_data(data)}. Drop "

@@ -773,6 +773,30 @@ class UHALocalGuide(AutoGuide):
                 "and mask them out (numpyro.handlers.mask or obs_mask)."
             )
 
+    def _raise_if_called_on_nonfinite_data(self, args, kwargs, size):
+        """:meth:`_check_finite_data` over every data point, where the guide is called
+        (``Predictive``, ``svi.update``, ``svi.run``'s step as it is traced) on concrete
+        data that are not all finite: the chains of those points gave NaN predictions
+        (``Predictive``) or a NaN loss, silently. Checked on the host; the model is traced
+        only where some array is not finite."""
+        arrays, _ = _split_static((args, kwargs), self._hold_data)
+        for x in jax.tree.leaves(arrays):
+            if (
+                not isinstance(x, jax.core.Tracer)
+                and jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+                and not np.all(np.isfinite(np.asarray(x)))
+            ):
+                break
+        else:
+            return
+        idx = np.arange(size)
+        # eagerly, also where the guide is being traced (Predictive's lax.map, a jit)
+        with jax.ensure_compile_time_eval(), handlers.block():
+            trace = handlers.trace(handlers.seed(handlers.substitute(
+                self.model, data={self._plate_name: jnp.asarray(idx)}), 0)).get_trace(
+                *args, **kwargs)
+        self._check_finite_data(trace, idx)
+
     def _sizes(self, args, kwargs):
         """The plate's (size, subsample size) in this call (the data may change size).
 
@@ -1426,6 +1450,8 @@ class UHALocalGuide(AutoGuide):
         }
         plate_name = self._plate_name
         size, subsample_size = self._sizes(args, kwargs)
+        if skip_diverged:  # SVI, Predictive (the draw methods check their own minibatch)
+            self._raise_if_called_on_nonfinite_data(args, kwargs, size)
         specs = self._specs()
         values = {}
         if not self.per_data_point:

@@ -164,6 +164,23 @@ def test_nan_data_and_a_bad_encoder_are_named(fitted):
         handlers.seed(guide, 0)(X, N, 6)
 
 
+
+@pytest.mark.parametrize("call", ["predictive", "svi_update"])
+def test_nan_data_in_a_call_of_the_guide_are_named(fitted, call):
+    """After a fit on finite data, Predictive (NaN predictions, silently) and svi.update
+    (a NaN loss, silently) on data with a NaN name the data point."""
+    guide, params = fitted
+    x = X.at[3].set(jnp.nan)
+    with pytest.raises(ValueError, match=r"observed site 'x' has NaN or inf values for data "
+                       r"point\(s\) \[3\]"):
+        if call == "predictive":
+            Predictive(conjugate_model, guide=guide, params=params, num_samples=2)(
+                jax.random.PRNGKey(1), x, N, N
+            )
+        else:
+            svi = SVI(conjugate_model, guide, optax.adam(1e-2), Trace_ELBO())
+            svi.update(svi.init(jax.random.PRNGKey(0), X, N, 6), x, N, 6)
+
 def test_draws_of_diverged_chains_are_flagged_with_their_data_points():
     """Data point 0's chain diverges (the divergence tests' set-up): sample_posterior
     says so and names it; the others are not named."""

@@ -111,6 +111,39 @@ def test_a_latent_site_inside_cond_is_refused_where_cond_does_not_replay():
     np.testing.assert_allclose(terms, log_w, rtol=1e-5, atol=2e-3)
 
 
+
+def observed_in_cond(y, robust):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    cond(robust, lambda _: numpyro.sample("y", dist.Normal(mu, 3.0), obs=y),
+         lambda _: numpyro.sample("y", dist.Normal(mu, 1.0), obs=y), None)
+
+
+def test_log_z_of_any_guide_refuses_latent_sites_inside_cond():
+    """log_z of a NumPyro guide (here AutoNormal) on a model with a latent site inside
+    cond ran on wrong terms (only a standard-error warning); it is refused as UHAGuide
+    refuses the model, where cond does not replay. An observed site inside cond is fine."""
+    from numpyro.infer.autoguide import AutoNormal
+
+    from numpyro_uha.evaluation import guide_log_weights, log_z
+
+    y = jnp.asarray(np.random.default_rng(0).normal(size=8) + 1.0, jnp.float32)
+    guide = AutoNormal(branching)
+    svi = SVI(branching, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    if _cond_replays():
+        log_z(guide, jax.random.PRNGKey(1), params, y, num_draws=50)
+        return
+    match = r"\['b'\] are sampled inside numpyro.contrib.control_flow.cond"
+    with pytest.raises(ValueError, match=match):
+        log_z(guide, jax.random.PRNGKey(1), params, y, num_draws=50)
+    with pytest.raises(ValueError, match=match):
+        guide_log_weights(jax.random.PRNGKey(1), branching, guide, params, 50, y)
+    guide = AutoNormal(observed_in_cond)
+    svi = SVI(observed_in_cond, guide, optax.adam(1e-3), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y, jnp.asarray(True)))
+    estimate = log_z(guide, jax.random.PRNGKey(1), params, y, jnp.asarray(True), num_draws=50)
+    assert np.isfinite(estimate.elbo)
+
 def local_random_walks(y):
     """``random_walks`` with each series' start latent too: every series is a data point
     of ``UHALocalGuide`` (its plate is subsampled outside and inside the scan)."""

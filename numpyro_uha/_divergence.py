@@ -250,7 +250,9 @@ class _LatchTransform(IdentityTransform):
         self.record = record
 
     def __call__(self, x):
-        check_latch(x, self.record, "by svi.get_params, e.g. at the end of svi.run")
+        check_latch(
+            x, self.record, "by svi.get_params, e.g. at the end of svi.run", or_recorded=True
+        )
         return x
 
     def tree_flatten(self):
@@ -262,15 +264,20 @@ def _latch_transform(constraint):
     return _LatchTransform(constraint.record)
 
 
-def check_latch(latch, record: DivergenceRecord, where: str, reset_if_clear=False):
-    """Warn (:class:`UHADivergenceWarning`) if a *concrete* latch value is not 0.
+def check_latch(
+    latch, record: DivergenceRecord, where: str, reset_if_clear=False, or_recorded=False
+):
+    """Warn (:class:`UHADivergenceWarning`) if a *concrete* latch value is not 0, or
+    (``or_recorded``) if the record counted diverging steps although the latch is 0: an
+    optimizer that did not move it (``numpyro.optim.Minimize``, whose line search
+    rejects the NaN points; a frozen latch; ``stable_update`` skipping the steps).
 
     With ``reset_if_clear``, a concrete latch at 0 (a fresh ``svi.init``, or a fit that
     never diverged) clears the record of an earlier run.
     """
     if isinstance(latch, jax.core.Tracer):
         return
-    if np.any(np.asarray(latch) != 0):
+    if np.any(np.asarray(latch) != 0) or (or_recorded and record.count > 0):
         warnings.warn(record.warning(where), UHADivergenceWarning, stacklevel=3)
     if reset_if_clear:
         record.reset()

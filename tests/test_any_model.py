@@ -423,3 +423,27 @@ def test_a_part_whose_support_is_set_by_a_hidden_site_is_refused():
     svi = SVI(_bounded_by_hidden, guide, optax.adam(1e-3), Trace_ELBO())
     with pytest.raises(ValueError, match=r"hides latent site\(s\) \['top'\]"):
         svi.init(jax.random.PRNGKey(0), 0.5)
+
+
+def test_get_params_warns_of_recorded_divergences_even_where_the_latch_did_not_move():
+    """svi.get_params warns when the latch moved off 0 (Adam moves it at the first
+    divergence), and also when the host record counted diverging steps while the latch
+    stayed 0: numpyro.optim.Minimize's line search rejects the NaN points and left it at
+    0 (NaN losses in svi.run, no warning); a frozen latch does the same. Clear: silent."""
+    import warnings
+
+    from numpyro.distributions.transforms import biject_to
+
+    from numpyro_uha import UHADivergenceWarning
+    from numpyro_uha._divergence import DivergenceRecord, LatchConstraint
+
+    record = DivergenceRecord()
+    transform = biject_to(LatchConstraint(record))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UHADivergenceWarning)
+        transform(jnp.zeros(()))  # nothing recorded, latch clear
+    with pytest.warns(UHADivergenceWarning, match="divergences during training"):
+        transform(jnp.asarray(0.01))  # the latch moved
+    record.record(1.0, 0.2, {"auto_loc": jnp.zeros(2)})
+    with pytest.warns(UHADivergenceWarning, match="1 training step"):
+        transform(jnp.zeros(()))  # recorded, latch not moved

@@ -16,6 +16,7 @@ from functools import partial
 import functools
 import hashlib
 import warnings
+import weakref
 from typing import NamedTuple
 
 import jax
@@ -406,6 +407,28 @@ def _needs_concrete_data(model, args, kwargs, values) -> bool:
         return True
     except Exception:  # noqa: BLE001 - anything else is the compiled path's to report
         return False
+    return False
+
+
+#: JAX arrays found finite by :func:`_nonfinite_concrete_float`, by identity while they
+#: live (JAX arrays are immutable): a loop of eager calls copies its data to the host once.
+_FINITE_ARRAYS: dict = {}
+
+
+def _nonfinite_concrete_float(arrays) -> bool:
+    """Whether some concrete floating-point array among ``arrays`` holds NaN or inf
+    (checked on the host; traced ones are skipped)."""
+    for x in jax.tree.leaves(arrays):
+        if _is_tracer(x) or not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+            continue
+        known = _FINITE_ARRAYS.get(id(x))
+        if known is not None and known() is x:
+            continue
+        if not np.all(np.isfinite(np.asarray(x))):
+            return True
+        if isinstance(x, jax.Array):
+            key = id(x)
+            _FINITE_ARRAYS[key] = weakref.ref(x, lambda _, key=key: _FINITE_ARRAYS.pop(key, None))
     return False
 
 
@@ -2440,16 +2463,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         silently) or a model error about a NaN ``loc``. Checked on concrete arguments
         only (a jitted step's traced data are checked where its loss is), on the host,
         with ``check_finite``; the model is traced only where some array is not finite."""
-        if not self.check_finite:
-            return
-        for x in jax.tree.leaves(arrays):
-            if (
-                not _is_tracer(x)
-                and jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-                and not np.all(np.isfinite(np.asarray(x)))
-            ):
-                break
-        else:
+        if not self.check_finite or not _nonfinite_concrete_float(arrays):
             return
         with jax.ensure_compile_time_eval():  # eagerly, also inside Predictive's lax.map
             data = self._nonfinite_data_sites(args, kwargs)

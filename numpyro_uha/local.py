@@ -90,6 +90,7 @@ from numpyro_uha.guide import (
     _key_chunk,
     _merge_static,
     _needs_concrete_data,
+    _nonfinite_concrete_float,
     _nonfinite_observed,
     _real,
     _sample_shape,
@@ -779,15 +780,7 @@ class UHALocalGuide(AutoGuide):
         data that are not all finite: the chains of those points gave NaN predictions
         (``Predictive``) or a NaN loss, silently. Checked on the host; the model is traced
         only where some array is not finite."""
-        arrays, _ = _split_static((args, kwargs), self._hold_data)
-        for x in jax.tree.leaves(arrays):
-            if (
-                not isinstance(x, jax.core.Tracer)
-                and jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-                and not np.all(np.isfinite(np.asarray(x)))
-            ):
-                break
-        else:
+        if not _nonfinite_concrete_float(_split_static((args, kwargs), self._hold_data)[0]):
             return
         idx = np.arange(size)
         # eagerly, also where the guide is being traced (Predictive's lax.map, a jit)

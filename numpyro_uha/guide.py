@@ -410,6 +410,17 @@ def _needs_concrete_data(model, args, kwargs, values) -> bool:
     return False
 
 
+#: Added to JAX's TypeError when training a model that runs ``lax.while_loop`` fails.
+WHILE_LOOP_NOTE = (
+    "UHAGuide: the model runs jax.lax.while_loop, and JAX fails to differentiate it "
+    "inside the guide's transitions (a lax.scan differentiated in reverse mode; "
+    "NumPyro's AutoDAIS fails the same way), even where its result feeds only a "
+    "numpyro.deterministic site. Compute that value from the draws after the fit "
+    "(e.g. with Predictive's output), or use lax.fori_loop with bounds known at trace "
+    "time (a lax.scan)."
+)
+
+
 #: JAX arrays found finite by :func:`_nonfinite_concrete_float`, by identity while they
 #: live (JAX arrays are immutable): a loop of eager calls copies its data to the host once.
 _FINITE_ARRAYS: dict = {}
@@ -2010,9 +2021,14 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         setup_call = self.prototype_trace is None
         if setup_call:
             self._setup_prototype(*args, **kwargs)
-        latent, model_params = self._latent_and_model_params(
-            *args, _setup_call=setup_call, **kwargs
-        )
+        try:
+            latent, model_params = self._latent_and_model_params(
+                *args, _setup_call=setup_call, **kwargs
+            )
+        except TypeError as error:  # JAX's own, where a while_loop meets the chain's AD
+            if self._model_runs_while_loop(args, kwargs):
+                error.add_note(WHILE_LOOP_NOTE)
+            raise
         _claim_prefix(self.prefix, latent)
         mask_off = numpyro.get_mask() is False
         arrays, spec = _split_static((args, kwargs), self._hold_data)
@@ -2455,6 +2471,19 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         return WeightedDraws(*jax.tree.map(
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))
+
+    def _model_runs_while_loop(self, args, kwargs) -> bool:
+        """Whether the model's log density (at the setup's point) runs a
+        ``lax.while_loop``; ``False`` where that cannot be told."""
+        try:
+            with jax.ensure_compile_time_eval():
+                logdensity = self._make_logdensity(args, kwargs, {
+                    name: site["value"] for name, site in self._model_param_sites.items()
+                })
+                jaxpr = jax.make_jaxpr(logdensity)(jnp.zeros(self.latent_dim))
+        except Exception:  # noqa: BLE001 - only for a note on an error already raised
+            return False
+        return "while[" in str(jaxpr)
 
     def _raise_if_called_on_nonfinite_data(self, arrays, args, kwargs):
         """A clear error where the guide is called (``Predictive``, ``svi.update``,

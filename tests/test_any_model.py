@@ -447,3 +447,32 @@ def test_get_params_warns_of_recorded_divergences_even_where_the_latch_did_not_m
     record.record(1.0, 0.2, {"auto_loc": jnp.zeros(2)})
     with pytest.warns(UHADivergenceWarning, match="1 training step"):
         transform(jnp.zeros(()))  # recorded, latch not moved
+
+
+def _newton_root_model(x, y):
+    a = numpyro.sample("a", dist.Normal(0.0, 2.0))
+    root, _ = jax.lax.while_loop(
+        lambda c: (jnp.abs(c[0] ** 2 - (1 + a**2)) > 1e-5) & (c[1] < 50),
+        lambda c: (0.5 * (c[0] + (1 + a**2) / c[0]), c[1] + 1), (jnp.asarray(1.0), 0),
+    )
+    numpyro.deterministic("root", root)
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Normal(a + x, 1.0), obs=y)
+
+
+def test_a_while_loop_that_jax_cannot_differentiate_in_the_chain_is_explained():
+    """A lax.while_loop feeding only a deterministic site: JAX's reverse mode through the
+    chain's scan fails with an internal TypeError (AutoDAIS too); the error carries a
+    note that names the while_loop and the ways out. Where JAX differentiates it, the
+    step trains."""
+    x = jnp.linspace(-1.0, 1.0, 20)
+    y = 1.0 + x
+    guide = UHAGuide(_newton_root_model, K=2, warm_start_steps=0)
+    svi = SVI(_newton_root_model, guide, optax.adam(1e-2), Trace_ELBO())
+    state = svi.init(jax.random.PRNGKey(0), x, y)
+    try:
+        _, loss = svi.update(state, x, y)
+    except TypeError as error:
+        assert any("jax.lax.while_loop" in note for note in getattr(error, "__notes__", []))
+    else:
+        assert np.isfinite(loss)

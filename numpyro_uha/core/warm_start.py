@@ -365,15 +365,19 @@ def _difference_points(zs, vs, width, widen):
 
 
 @small_jit()
-def _difference_finish(grads, h, previous, pending):
+def _difference_finish(grads, h, previous, pending, first):
     """The products of the rows still ``pending`` (the others keep ``previous``), and
-    which of them are not resolved (see :data:`DIFFERENCE_RESOLUTION`)."""
+    which of them are not resolved (see :data:`DIFFERENCE_RESOLUTION`). A widened step
+    whose product is not finite (it left the log density's domain) keeps the previous
+    product and is not widened again."""
     rows = h.shape[0]
     up, down = grads[:rows], grads[rows : 2 * rows]
     products = (up - down) / (2.0 * h)
     spacing = jnp.finfo(up.dtype).eps * jnp.maximum(jnp.abs(up), jnp.abs(down))
     resolved = jnp.any(jnp.abs(up - down) > DIFFERENCE_RESOLUTION * spacing, axis=-1)
-    return jnp.where(pending[:, None], products, previous), pending & ~resolved
+    finite = jnp.all(jnp.isfinite(products), axis=-1)
+    take = pending & (first | finite)
+    return jnp.where(take[:, None], products, previous), take & ~resolved
 
 
 def difference_oracle(
@@ -415,7 +419,9 @@ def difference_oracle(
                 return _put(grads, value_and_grad(_take(chunks, c, host=host))[1], c, host=host)
 
             grads = _loop(host, chunks.shape[0], body, grads)
-            products, pending = _difference_finish(grads, h, products, pending, host=host)
+            products, pending = _difference_finish(
+                grads, h, products, pending, np.asarray(attempt == 0), host=host
+            )
             if attempt == DIFFERENCE_RETRIES or not np.any(np.asarray(pending)):
                 return products
             widen = widen * DIFFERENCE_WIDEN

@@ -266,6 +266,21 @@ def test_difference_products_are_resolved_far_from_the_origin_in_single_precisio
     np.testing.assert_allclose(got, hessian, atol=0.01 * np.abs(hessian).max())
 
 
+def test_a_widened_step_that_leaves_the_domain_keeps_the_first_product():
+    """A row whose difference is below the gradients' rounding is differenced again at a
+    wider step; where that step leaves the log density's domain (sqrt(1 - z), z > 1)
+    the product stays the first, finite one (rounding noise, as before the widening),
+    not NaN (which would reach the warm start's scales and the step ceiling)."""
+
+    def logdensity(z):
+        return jnp.sum(1e-3 * jnp.sqrt(1.0 - z) + 1e4 * z)
+
+    got = _difference(logdensity).hvp(
+        jnp.asarray([[0.5, 0.2]], jnp.float32), jnp.asarray([[1.0, 0.0]], jnp.float32)
+    )
+    assert np.all(np.isfinite(np.asarray(got)))
+
+
 def test_a_warm_start_from_the_origin_fits_a_posterior_3e5_away_in_single_precision():
     """The guide's case (a regression's intercept near 3e5, float32): the curvature at the
     start was rounding noise, the start scale fell back to 0.1 against a posterior sd of

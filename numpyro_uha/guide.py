@@ -421,6 +421,13 @@ WHILE_LOOP_NOTE = (
 )
 
 
+#: What an error about non-finite observed data tells the user to do.
+NONFINITE_DATA_ADVICE = (
+    "Drop those entries, or replace them by finite values and mask them out "
+    "(numpyro.handlers.mask or obs_mask)."
+)
+
+
 #: JAX arrays found finite by :func:`_nonfinite_concrete_float`, by identity while they
 #: live (JAX arrays are immutable): a loop of eager calls copies its data to the host once.
 _FINITE_ARRAYS: dict = {}
@@ -449,6 +456,25 @@ def _inside_cond(site) -> bool:
     return bool(site.get("_control_flow_done")) and "_scan_current_index" not in site.get(
         "infer", {}
     )
+
+
+def _refuse_latents_in_cond(in_cond, who: str = "") -> None:
+    """A clear error where latent sites ``in_cond`` (see :func:`_inside_cond`) are
+    sampled inside ``numpyro.contrib.control_flow.cond`` and the installed NumPyro's
+    ``cond`` does not replay a guide's values: every guide's ELBO terms (and importance
+    weights) on such a model are wrong. ``who`` begins the message."""
+    if in_cond and not _cond_replays():
+        raise ValueError(
+            f"{who}latent site(s) {list(in_cond)[:6]} are sampled inside "
+            "numpyro.contrib.control_flow.cond, which in this NumPyro version does not "
+            "replay a guide's values: under Trace_ELBO (and every ELBO) the model's cond "
+            "returns a fresh draw from the branch while the trace records the guide's, "
+            "so every guide's loss and importance weights on this model are wrong (its "
+            "terms are not log p(x, z) - log q(z)). Write the branch choice into the "
+            "distribution's parameters instead, e.g. numpyro.sample('b', "
+            "dist.Normal(jnp.where(a > 0, 1.0, -1.0), 1.0)), which every guide and NUTS "
+            "handle."
+        )
 
 
 @functools.cache
@@ -1524,18 +1550,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 if site["fn"].support.is_discrete:
                     continue  # summed out (_enumerate.py), checked below
                 latent.append(name)
-        in_cond = [n for n in latent if _inside_cond(model_trace[n])]
-        if in_cond and not _cond_replays():
-            raise ValueError(
-                f"UHAGuide: latent site(s) {in_cond[:6]} are sampled inside "
-                "numpyro.contrib.control_flow.cond, which in this NumPyro version does not "
-                "replay a guide's values: under Trace_ELBO (and every ELBO) the model's cond "
-                "returns a fresh draw from the branch while the trace records the guide's, "
-                "so the loss of any guide on this model is wrong (its terms are not log p(x, "
-                "z) - log q(z)). Write the branch choice into the distribution's parameters "
-                "instead, e.g. numpyro.sample('b', dist.Normal(jnp.where(a > 0, 1.0, -1.0), "
-                "1.0)), which every guide and NUTS handle."
-            )
+        _refuse_latents_in_cond(
+            [n for n in latent if _inside_cond(model_trace[n])], "UHAGuide: "
+        )
         parents = _hidden.hidden_parents(self._user_model, args, kwargs)
         if parents:
             raise ValueError(
@@ -2171,7 +2188,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if _is_tracer(params):
             return
         if self._init_values is not None:
-            for short, own in self._init_values.items():
+            for short in self._init_values:
                 name = self._param_name(short)
                 if name in params:
                     self._check_param_shape(short, jnp.shape(params[name]))
@@ -2498,9 +2515,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             data = self._nonfinite_data_sites(args, kwargs)
         if data:
             raise ValueError(
-                f"UHAGuide: the data are not finite: {_name_nonfinite_data(data)}. Drop "
-                "those entries, or replace them by finite values and mask them out "
-                "(numpyro.handlers.mask or obs_mask)."
+                f"UHAGuide: the data are not finite: {_name_nonfinite_data(data)}. "
+                f"{NONFINITE_DATA_ADVICE}"
             )
 
     def _raise_if_data_nonfinite(self, bad, num_draws, args, kwargs):
@@ -2511,9 +2527,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if data:
             raise ValueError(
                 f"UHAGuide: {bad} of {num_draws} draws have a non-finite log weight "
-                f"because the data are not finite: {_name_nonfinite_data(data)}"
-                ". Drop those entries, or replace them by finite values and mask "
-                "them out (numpyro.handlers.mask or obs_mask)."
+                f"because the data are not finite: {_name_nonfinite_data(data)}. "
+                f"{NONFINITE_DATA_ADVICE}"
             )
 
     def _warn_if_draws_biased(self, log_weights, finite, latent, summary, warn_as):

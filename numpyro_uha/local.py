@@ -774,21 +774,24 @@ class UHALocalGuide(AutoGuide):
                 "and mask them out (numpyro.handlers.mask or obs_mask)."
             )
 
-    def _raise_if_called_on_nonfinite_data(self, args, kwargs, size):
-        """:meth:`_check_finite_data` over every data point, where the guide is called
-        (``Predictive``, ``svi.update``, ``svi.run``'s step as it is traced) on concrete
-        data that are not all finite: the chains of those points gave NaN predictions
-        (``Predictive``) or a NaN loss, silently. Checked on the host; the model is traced
-        only where some array is not finite."""
-        if not _nonfinite_concrete_float(_split_static((args, kwargs), self._hold_data)[0]):
-            return
-        idx = np.arange(size)
-        # eagerly, also where the guide is being traced (Predictive's lax.map, a jit)
+    def _check_finite_data_at(self, args, kwargs, idx):
+        """:meth:`_check_finite_data` on the model traced at the plate's indices ``idx``
+        (concrete), eagerly: also where the guide is being traced (Predictive's
+        ``lax.map``, a jit)."""
         with jax.ensure_compile_time_eval(), handlers.block():
             trace = handlers.trace(handlers.seed(handlers.substitute(
                 self.model, data={self._plate_name: jnp.asarray(idx)}), 0)).get_trace(
                 *args, **kwargs)
         self._check_finite_data(trace, idx)
+
+    def _raise_if_called_on_nonfinite_data(self, arrays, args, kwargs, size):
+        """:meth:`_check_finite_data` over every data point, where the guide is called
+        (``Predictive``, ``svi.update``, ``svi.run``'s step as it is traced) on concrete
+        data (``arrays``, the arguments' array leaves) that are not all finite: the chains
+        of those points gave NaN predictions (``Predictive``) or a NaN loss, silently.
+        Checked on the host; the model is traced only where some array is not finite."""
+        if _nonfinite_concrete_float(arrays):
+            self._check_finite_data_at(args, kwargs, np.arange(size))
 
     def _sizes(self, args, kwargs):
         """The plate's (size, subsample size) in this call (the data may change size).
@@ -1443,8 +1446,9 @@ class UHALocalGuide(AutoGuide):
         }
         plate_name = self._plate_name
         size, subsample_size = self._sizes(args, kwargs)
+        arrays, spec = _split_static((args, kwargs), self._hold_data)
         if skip_diverged:  # SVI, Predictive (the draw methods check their own minibatch)
-            self._raise_if_called_on_nonfinite_data(args, kwargs, size)
+            self._raise_if_called_on_nonfinite_data(arrays, args, kwargs, size)
         specs = self._specs()
         values = {}
         if not self.per_data_point:
@@ -1480,7 +1484,6 @@ class UHALocalGuide(AutoGuide):
             keys = jax.random.split(rng_key, subsample_size)
             # one compiled program per argument structure: run op by op (svi.init,
             # Predictive), the chain's hundreds of operations would each be compiled
-            arrays, spec = _split_static((args, kwargs), self._hold_data)
             rows, log_weight, info, local_values, log_det, is_diverged = _jit_once(
                 self._jitted, self._chain_impl, spec, size=size, corrected=corrected,
                 skip_diverged=skip_diverged,
@@ -1960,10 +1963,7 @@ class UHALocalGuide(AutoGuide):
         log_w = out[1]
         if not isinstance(log_w, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(log_w))):
             # a weight that is not finite: name non-finite data, if that is the cause
-            with handlers.block():
-                trace = handlers.trace(handlers.seed(handlers.substitute(
-                    self.model, data={self._plate_name: idx}), 0)).get_trace(*args, **kwargs)
-            self._check_finite_data(trace, idx)
+            self._check_finite_data_at(args, kwargs, idx)
         if not sample_shape:
             out = jax.tree.map(lambda x: x[0], out)
         else:

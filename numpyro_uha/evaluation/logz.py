@@ -117,35 +117,22 @@ def log_z_from_weights(log_weights, num_transitions: int | None = None) -> LogZE
 
 
 def _refuse_latents_in_cond(model, args, kwargs):
-    """A clear error where latent sites of ``model`` are sampled inside
-    ``numpyro.contrib.control_flow.cond`` and the installed NumPyro's ``cond`` does not
-    replay a guide's values: every guide's ELBO terms on such a model are wrong (the
-    model goes on with a fresh draw while its trace records the guide's), so would be
-    the weights (an AutoNormal's log_z ran on them, with only a standard-error warning).
-    ``UHAGuide`` refuses such a model at setup for the same reason."""
+    """:func:`numpyro_uha.guide._refuse_latents_in_cond` for any guide's weights: an
+    AutoNormal's log_z ran on wrong terms there, with only a standard-error warning
+    (``UHAGuide`` refuses such a model at setup for the same reason)."""
     from numpyro import handlers
 
-    from numpyro_uha.guide import _cond_replays, _inside_cond
+    from numpyro_uha.guide import _inside_cond, _refuse_latents_in_cond as refuse
 
     try:
         with handlers.block():
             trace = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
     except Exception:  # noqa: BLE001 - only a check; the weights' own run reports errors
         return
-    in_cond = [
+    refuse([
         name for name, site in trace.items()
         if site["type"] == "sample" and not site["is_observed"] and _inside_cond(site)
-    ]
-    if in_cond and not _cond_replays():
-        raise ValueError(
-            f"latent site(s) {in_cond[:6]} are sampled inside "
-            "numpyro.contrib.control_flow.cond, which in this NumPyro version does not "
-            "replay a guide's values: the model's cond goes on with a fresh draw from the "
-            "branch while the trace records the guide's, so every guide's ELBO and "
-            "importance weights on this model are wrong (not log p(x, z) - log q(z)). Write "
-            "the branch choice into the distribution's parameters instead, e.g. "
-            "numpyro.sample('b', dist.Normal(jnp.where(a > 0, 1.0, -1.0), 1.0))."
-        )
+    ])
 
 
 def guide_log_weights(rng_key, model, guide, params, num_draws: int, *args, batch_size=1000, **kwargs):

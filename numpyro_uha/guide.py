@@ -421,6 +421,16 @@ WHILE_LOOP_NOTE = (
 )
 
 
+#: Added to JAX's TypeError when the guide is differentiated in forward mode.
+FORWARD_MODE_NOTE = (
+    "UHAGuide: the guide is trained by reverse-mode differentiation only: its gradient "
+    "guards (which zero a diverging step's gradient) are reverse-mode rules, so "
+    "svi.run(..., forward_mode_differentiation=True) (or SVI.update with it) cannot "
+    "differentiate it. Train without that option; UHAGuide(forward_mode_differentiation="
+    "True) applies only to NumPyro's initialization of the model."
+)
+
+
 #: What an error about non-finite observed data tells the user to do.
 NONFINITE_DATA_ADVICE = (
     "Drop those entries, or replace them by finite values and mask them out "
@@ -2043,7 +2053,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 *args, _setup_call=setup_call, **kwargs
             )
         except TypeError as error:  # JAX's own, where a while_loop meets the chain's AD
-            if self._model_runs_while_loop(args, kwargs):
+            if "forward-mode" in str(error) and "custom_vjp" in str(error):
+                error.add_note(FORWARD_MODE_NOTE)
+            elif self._model_runs_while_loop(args, kwargs):
                 error.add_note(WHILE_LOOP_NOTE)
             raise
         _claim_prefix(self.prefix, latent)
@@ -2226,7 +2238,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 f"UHAGuide: params['{name}'] has shape {tuple(given)}, this guide's has "
                 f"{own}: they are a fit with K = {given[-1] - 1 if given else '?'} "
                 f"transitions, this guide has K = {self.K}. Use a guide with that K, or "
-                "guide.extrapolate(K, params) to carry the fit over."
+                f"carry the fit over with the guide that made it: new_guide, new_params = "
+                f"old_guide.extrapolate(params, {self.K})."
             )
         raise ValueError(
             f"UHAGuide: params['{name}'] has shape {tuple(given)}, this guide's has {own} "

@@ -550,3 +550,21 @@ def test_importance_resample_follows_the_weights():
     assert abs(freq - 0.2) < 4 * math.sqrt(0.2 * 0.8 / n)
     with pytest.raises(ValueError, match="num_samples"):
         importance_resample(jax.random.PRNGKey(0), d, num_samples=0)
+
+
+def test_numpyro_guides_are_refused_with_what_to_do_instead():
+    """to_inference_data and compare_with_nuts draw UHA's weighted draws; NumPyro's own
+    guides (which log_z takes) failed inside with an AttributeError."""
+    from numpyro.infer.autoguide import AutoNormal
+
+    from numpyro_uha.evaluation import compare_with_nuts
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    guide = AutoNormal(model)
+    params = {"mu_auto_loc": jnp.zeros(()), "mu_auto_scale": jnp.ones(())}
+    for call in (to_inference_data, compare_with_nuts):
+        with pytest.raises(TypeError, match="takes a UHAGuide or a UHALocalGuide, got AutoNormal"):
+            call(guide, jax.random.PRNGKey(0), params, jnp.ones(3))

@@ -613,3 +613,28 @@ def test_a_models_own_error_at_setup_is_shown_once_and_not_chained(branch):
         chain.append(type(error).__name__)
         error = error.__cause__ or error.__context__
     assert chain == ["TypeError"], chain
+
+
+def test_forward_mode_training_says_the_guide_is_trained_in_reverse_mode():
+    """svi.run(forward_mode_differentiation=True) (NumPyro's option for models with a
+    while_loop) meets the guide's reverse-mode gradient guards inside JAX: its TypeError
+    must say so and what to do, not only that custom_vjp has no JVP."""
+    svi = svi_for(normal_model, UHAGuide(normal_model, K=2, warm_start_steps=0))
+    with pytest.raises(TypeError) as info:
+        svi.run(jax.random.PRNGKey(0), 2, Y, progress_bar=False, forward_mode_differentiation=True)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "reverse-mode differentiation only" in notes and "Train without that option" in notes
+
+
+def test_params_of_another_k_name_the_extrapolate_call(initialized):
+    """The message's call must be the method's own: extrapolate(params, K), on the guide
+    that made the fit (the message once said extrapolate(K, params))."""
+    guide, params = initialized
+    other = UHAGuide(normal_model, K=5, warm_start_steps=0)
+    svi_for(normal_model, other).init(jax.random.PRNGKey(0), Y)
+    with pytest.raises(ValueError, match=r"old_guide\.extrapolate\(params, 5\)"):
+        other.sample_posterior(jax.random.PRNGKey(0), params, Y, sample_shape=(3,))
+    # and the call it names works: the K = 2 fit carried over to K = 5
+    new_guide, new_params = guide.extrapolate(params, 5)
+    draws = new_guide.sample_posterior(jax.random.PRNGKey(0), new_params, Y, sample_shape=(3,))
+    assert draws["mu"].shape == (3,)

@@ -56,6 +56,22 @@ def _is_local(guide) -> bool:
     return isinstance(guide, UHALocalGuide)
 
 
+def _require_uha_guide(guide, where):
+    """A clear error for a guide other than UHAGuide and UHALocalGuide (their draws come
+    with the weights and site names these functions use)."""
+    from numpyro_uha.guide import UHAGuide
+    from numpyro_uha.local import UHALocalGuide
+
+    if not isinstance(guide, (UHAGuide, UHALocalGuide)):
+        raise TypeError(
+            f"{where} takes a UHAGuide or a UHALocalGuide, got {type(guide).__name__}. For "
+            "NumPyro's own guides, draw with guide.sample_posterior(rng_key, params, "
+            "*args, sample_shape=(n,)) and pass the draws to arviz.from_dict(posterior="
+            "{name: draws[name][None] for name in draws}); numpyro_uha.evaluation.log_z "
+            "takes any NumPyro AutoGuide."
+        )
+
+
 def _latent_sites(guide) -> list:
     """The model's own names of the guide's latent sites (``x``, not the non-centered
     ``x_decentered`` it runs): a ``UHALocalGuide``'s globals, then its locals."""
@@ -284,10 +300,12 @@ def to_inference_data(
         ValueError: if ``num_samples`` or ``num_chains`` is not a positive integer, the
             number of ``draws`` is not divisible by ``num_chains``, or
             ``posterior_predictive=True`` for a model without observed sites.
-        TypeError: if ``posterior_predictive`` or ``log_likelihood`` is not a bool.
+        TypeError: if ``guide`` is not a UHAGuide or UHALocalGuide, or
+            ``posterior_predictive`` or ``log_likelihood`` is not a bool.
         FloatingPointError: if a log weight is +inf, more than 10 % of the draws
             diverged, or every weight is zero.
     """
+    _require_uha_guide(guide, "to_inference_data")
     check_model_keywords(model_of(guide), kwargs, to_inference_data)
     import arviz as az
 

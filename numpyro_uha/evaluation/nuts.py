@@ -16,7 +16,12 @@ from numpyro import handlers
 
 from numpyro_uha._keywords import check_model_keywords, model_of
 from numpyro_uha._weights import _check_log_weights
-from numpyro_uha.evaluation.arviz import _check_positive_int, _joint_draws, _latent_sites
+from numpyro_uha.evaluation.arviz import (
+    _check_positive_int,
+    _joint_draws,
+    _latent_sites,
+    _require_uha_guide,
+)
 
 __all__ = ["NUTSComparison", "compare_with_nuts", "plot_nuts_comparison"]
 
@@ -167,11 +172,13 @@ def compare_with_nuts(
         Monte Carlo standard errors.
 
     Raises:
+        TypeError: if ``guide`` is not a UHAGuide or UHALocalGuide.
         ValueError: if ``mcmc_samples`` lacks a latent site, a site's shape differs from
             UHA's, sites have different numbers of draws, or the draws cannot be split
             into ``num_chains`` chains; or if a count is not a positive integer.
         FloatingPointError: if a UHA log weight is NaN or +inf.
     """
+    _require_uha_guide(guide, "compare_with_nuts")
     check_model_keywords(model_of(guide), kwargs, compare_with_nuts)
     import pandas as pd
     from numpyro.diagnostics import effective_sample_size

@@ -13,10 +13,16 @@ posterior's scales, then runs the same VI in coordinates where every scale is ab
    direction (2⁸, 2⁷, …, 1, ½, …, all scaled down so that no point is farther than a
    reach, 8 standardized units at first, doubled whenever the farthest point was the
    best) and moves to the lowest of those that decrease the objective enough (Armijo,
-   and strictly); a step with yᵀs ≤ 0 restarts the L-BFGS memory. The reach matters
+   and strictly); a step with yᵀs ≤ 0 restarts the L-BFGS memory, and so does a
+   search along the memory's direction that finds no decrease (the search ends where
+   a gradient step finds none). The reach matters
    where the model's cost depends on its parameters: one call lasts as long as its
    slowest point, and an ODE model's adaptive solver took minutes at a decay rate of
-   e^16 that a 2⁸-fold step had tried.
+   e^16 that a 2⁸-fold step had tried. From a start far out in a steep tail (a
+   Poisson rate e^56 at a random start) the curvature's scales can lie below the
+   floats' resolution (:data:`MODE_SCALE_SPACINGS`) and the gradient's norm overflow;
+   a search that ends far from its start in its start's units is run again from there,
+   standardized by the curvature where it ended (:data:`RESTANDARDIZE_SDS`).
 2. **A Laplace approximation** at that mode: N(mode, diag(s²)) with the curvature
    scales at the mode; for a full-rank q, N(mode, H⁻¹) with the whole Hessian (d
    Hessian-vector products on unit vectors: the columns the diagonal was read from),
@@ -349,15 +355,33 @@ DIFFERENCE_RESOLUTION = 64.0
 #: times larger (a flat direction stays unresolved, with a product near 0, as before).
 DIFFERENCE_WIDEN = 1024.0
 
-#: How many times a row is differenced again at most (see :data:`DIFFERENCE_WIDEN`).
+#: How many times a row is differenced again at most (see :data:`DIFFERENCE_WIDEN` and
+#: :data:`DIFFERENCE_COARSE`).
 DIFFERENCE_RETRIES = 2
+
+#: A row whose step moves z farther than this many of the sds its own product implies
+#: along v_r (1 / sqrt(|vᵀHv|) for a unit v) is differenced again with a step of
+#: :data:`DIFFERENCE_FINE` such sds: the fixed step 1e-2 spans hundreds of sds of a
+#: coefficient known to 1e-4, and where the log density is far from quadratic over
+#: that span the difference is not its curvature (a Poisson regression with a covariate
+#: up to 1000: e^(1000 h) = e^10 across the step, the curvature 300 times too large,
+#: the warm start's q a third and a tenth of the posterior's sds, silently).
+DIFFERENCE_COARSE = 0.5
+
+#: The step, in sds along v_r, of a row differenced again for :data:`DIFFERENCE_COARSE`.
+DIFFERENCE_FINE = 0.05
 
 
 @small_jit(static_argnums=(2,))
 def _difference_points(zs, vs, width, widen):
     """The rows z_r + h_r v_r, then z_r − h_r v_r, in chunks of ``width`` (zero rows past
-    the end), a zero buffer for their gradients, and the steps h_r (widened ``widen``-fold)."""
-    h = (_difference_steps(zs, vs) * widen)[:, None]
+    the end), a zero buffer for their gradients, and the steps h_r (``widen``-fold, and
+    never below :data:`DIFFERENCE_SPACINGS` spacings where ``widen`` < 1)."""
+    steps = _difference_steps(zs, vs)
+    size = jnp.max(jnp.abs(vs), axis=-1)
+    reach = jnp.max(jnp.where(vs != 0, jnp.abs(zs), 0), axis=-1)
+    floor = DIFFERENCE_SPACINGS * jnp.finfo(zs.dtype).eps * reach / jnp.where(size > 0, size, 1)
+    h = jnp.maximum(steps * widen, floor)[:, None]
     points = jnp.concatenate([zs + h * vs, zs - h * vs])
     num = -(-points.shape[0] // width)
     padded = jnp.zeros((num * width, zs.shape[-1]), zs.dtype).at[: points.shape[0]].set(points)
@@ -365,11 +389,13 @@ def _difference_points(zs, vs, width, widen):
 
 
 @small_jit()
-def _difference_finish(grads, h, previous, pending, first):
-    """The products of the rows still ``pending`` (the others keep ``previous``), and
-    which of them are not resolved (see :data:`DIFFERENCE_RESOLUTION`). A widened step
-    whose product is not finite (it left the log density's domain) keeps the previous
-    product and is not widened again."""
+def _difference_finish(grads, h, vs, previous, pending, first, widen):
+    """The products of the rows still ``pending`` (the others keep ``previous``), which
+    of them are to be differenced again, and the next attempt's ``widen`` factors: a
+    row not resolved (see :data:`DIFFERENCE_RESOLUTION`) is widened; a resolved row
+    whose step is coarse (see :data:`DIFFERENCE_COARSE`) is narrowed. A step whose
+    product is not finite (it left the log density's domain) keeps the previous product
+    and is not tried again."""
     rows = h.shape[0]
     up, down = grads[:rows], grads[rows : 2 * rows]
     products = (up - down) / (2.0 * h)
@@ -377,7 +403,14 @@ def _difference_finish(grads, h, previous, pending, first):
     resolved = jnp.any(jnp.abs(up - down) > DIFFERENCE_RESOLUTION * spacing, axis=-1)
     finite = jnp.all(jnp.isfinite(products), axis=-1)
     take = pending & (first | finite)
-    return jnp.where(take[:, None], products, previous), take & ~resolved
+    # the move h‖v‖ in sds along v: h ‖v‖ sqrt(|vᵀHv|) / ‖v‖
+    curvature = jnp.abs(jnp.sum(vs * products, axis=-1))
+    moved = h[:, 0] * jnp.sqrt(jnp.where(finite, curvature, 0.0))
+    coarse = resolved & (moved > DIFFERENCE_COARSE)
+    fine = widen * DIFFERENCE_FINE / jnp.where(coarse, moved, 1.0)
+    again = take & (~resolved | coarse)
+    widen = jnp.where(~resolved, widen * DIFFERENCE_WIDEN, jnp.where(coarse, fine, widen))
+    return jnp.where(take[:, None], products, previous), again, widen
 
 
 def difference_oracle(
@@ -387,7 +420,8 @@ def difference_oracle(
     """A compiled :class:`RowsOracle` from one compiled value-and-gradient program that
     takes ``width`` rows: Hessian-vector products by central differences of the
     gradient (:data:`DIFFERENCE_STEP`, larger far from the origin, and again larger for
-    rows whose difference is below the gradients' rounding), ``width`` rows per call.
+    rows whose difference is below the gradients' rounding, smaller for rows whose step
+    spans more than half an sd of the curvature it measured), ``width`` rows per call.
     The log density is then compiled once, not twice: forward-over-reverse products cost a second program
     that took longer to compile than the first (0.8 against 0.45 s on a GP, 1.0 against
     0.75 s on an LKJ model, 2-core CPU). The warm start uses the products for scales
@@ -419,12 +453,11 @@ def difference_oracle(
                 return _put(grads, value_and_grad(_take(chunks, c, host=host))[1], c, host=host)
 
             grads = _loop(host, chunks.shape[0], body, grads)
-            products, pending = _difference_finish(
-                grads, h, products, pending, np.asarray(attempt == 0), host=host
+            products, pending, widen = _difference_finish(
+                grads, h, vs, products, pending, np.asarray(attempt == 0), widen, host=host
             )
             if attempt == DIFFERENCE_RETRIES or not np.any(np.asarray(pending)):
                 return products
-            widen = widen * DIFFERENCE_WIDEN
 
     return RowsOracle(value_and_grad, hvp, True, step_device)
 
@@ -596,6 +629,7 @@ class _ModeState(NamedTuple):
     memory: optax.OptState
     ok: jax.Array
     reach: jax.Array  # the line search's farthest point (see _step_lengths)
+    fresh: jax.Array  # whether the direction searched is the gradient's (no memory)
 
 
 _LBFGS = optax.scale_by_lbfgs()
@@ -628,10 +662,19 @@ def _mode_ask(state, init, s, rows):
     # not a descent direction: steepest descent, the memory dropped
     bad = ~(jnp.vdot(state.grad, direction) < 0) | ~jnp.all(jnp.isfinite(direction))
     fresh_direction, fresh = _LBFGS.update(state.grad, _LBFGS.init(state.u), state.u)
+    # optax's first direction, g / ‖g‖, is 0 where ‖g‖² overflows (gradients past 1e19
+    # in float32, far out in a steep tail): then the same direction computed from
+    # g / max|g|
+    big = jnp.max(jnp.abs(state.grad))
+    unit = state.grad / jnp.where(big > 0, big, 1.0)
+    unit = unit / jnp.where(big > 0, jnp.linalg.norm(unit), 1.0)
+    lost = ~(jnp.vdot(state.grad, fresh_direction) > 0) | ~jnp.all(jnp.isfinite(fresh_direction))
+    fresh_direction = jnp.where(lost, unit, fresh_direction)
     direction = jnp.where(bad, -fresh_direction, direction)
     memory = jax.tree.map(lambda a, b: jnp.where(bad, a, b), fresh, memory)
+    fresh = state.fresh | bad
     us = state.u + _step_lengths(rows, direction, state.reach)[:, None] * direction
-    return state._replace(memory=memory), direction, init + s * us
+    return state._replace(memory=memory, fresh=fresh), direction, init + s * us
 
 
 @small_jit(static_argnums=(4,))
@@ -643,6 +686,7 @@ def _mode_begin(values, grads, init, s, rows):
     state = _ModeState(
         jnp.asarray(0, jnp.int32), u, f, g, _LBFGS.init(u), ok,
         jnp.asarray(INITIAL_REACH_SDS, init.dtype),
+        jnp.asarray(True),
     )
     return _mode_ask(state, init, s, rows)
 
@@ -663,8 +707,13 @@ def _mode_step(state, direction, values, grads, init, s, num_steps):
     found = jnp.any(armijo)
     k = jnp.argmin(jnp.where(armijo, f, jnp.inf))  # the lowest point with enough decrease
     new_grad = g[k]
-    # y·s > 0 keeps the L-BFGS inverse Hessian positive definite; else start it afresh
-    curved = jnp.vdot(new_grad, direction) > slope
+    # y·s > 0 keeps the L-BFGS inverse Hessian positive definite; else start it afresh.
+    # A search along a direction from the memory that found nothing is tried again along
+    # the gradient, the memory dropped (far out in a steep tail, the curvature a jump
+    # left behind can point a thousandfold too far): the search ends only where a
+    # gradient step finds no decrease.
+    curved = found & (jnp.vdot(new_grad, direction) > slope)
+    retry = ~found & ~state.fresh
     memory = jax.tree.map(
         lambda a, b: jnp.where(curved, a, b), state.memory, _LBFGS.init(state.u)
     )
@@ -676,11 +725,40 @@ def _mode_step(state, direction, values, grads, init, s, num_steps):
         keep(f[k], state.value),
         keep(new_grad, state.grad),
         memory,
-        found & ~small & (state.i + 1 < num_steps),
+        (found | retry) & ~small & (state.i + 1 < num_steps),
         # the farthest point was the best: the mode may be farther still
         jnp.where(found & (k == 0), REACH_GROWTH * state.reach, state.reach),
+        ~curved,
     )
     return _mode_ask(state, init, s, rows)
+
+
+#: :func:`find_mode`'s standardizing scales are at least this many float spacings of
+#: their coordinate of the start: a smaller scale moves z by less than its resolution at
+#: every step length. Far out in a steep tail the curvature gives such scales (a Poisson
+#: regression's rate e^56 at a random start, x up to 1000: scales of 1e-12 at z ≈ 0.06,
+#: whose spacing is 4e-9), and the search stopped where it began: the warm start's q
+#: was a point 20 orders of magnitude below the posterior's log density, silently.
+MODE_SCALE_SPACINGS = 256
+
+
+@small_jit()
+def _resolvable(init, scale):
+    return jnp.maximum(scale, MODE_SCALE_SPACINGS * jnp.finfo(init.dtype).eps * jnp.abs(init))
+
+
+#: A mode search that ends farther than this many of its start's sds from the start
+#: (along some coordinate) is run again from where it ended, standardized by the
+#: curvature there. Its convergence test (a gradient below 1e-6 in standardized units)
+#: assumes scales near the posterior's; from a start far out in a steep tail (a Poisson
+#: regression's rate e^244 at a random start in double precision: scales of 1e-12) the
+#: gradient at a point 2 500 nats below the mode passed it.
+RESTANDARDIZE_SDS = 1e3
+
+
+@small_jit()
+def _far(mode, init, scale):
+    return jnp.max(jnp.abs(mode - init) / scale) > RESTANDARDIZE_SDS
 
 
 @small_jit(static_argnums=(1,))
@@ -705,6 +783,7 @@ def find_mode(
     the objective, or when the gradient vanishes.
     """
     oracle, host = resolve_oracle(logdensity_fn, oracle, init, scale)
+    scale = _resolvable(init, scale, host=host)
     values, grads = oracle.value_and_grad(_rows_of(init, rows, host=host))
     carry = _mode_begin(values, grads, init, scale, rows, host=host)
 
@@ -947,6 +1026,11 @@ def warm_start(
 
     scale0 = curvature_scale(None, init_loc, fallback, oracle=oracle)
     mode, _ = find_mode(None, init_loc, scale0, mode_steps, oracle=oracle, rows=rows)
+    if host is False or bool(_far(mode, init_loc, scale0, host=host)):
+        # the start's scales were off by orders of magnitude: search again from there,
+        # standardized by the curvature where the first search stopped
+        scale = curvature_scale(None, mode, scale0, oracle=oracle)
+        mode, _ = find_mode(None, mode, scale, mode_steps, oracle=oracle, rows=rows)
     laplace_full = full_rank and dim <= MAX_CURVATURE_DIM
     if laplace_full:
         # the same Hessian-vector products give the diagonal scales and the whole matrix

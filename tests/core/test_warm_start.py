@@ -36,6 +36,11 @@ from numpyro_uha.core.warm_start import (
     warm_start,
 )
 
+try:
+    enable_x64 = jax.enable_x64
+except AttributeError:  # jax 0.7.0, the supported lower end, has it in jax.experimental
+    from jax.experimental import enable_x64
+
 SCALES = np.array([1e3, 1e1, 1.0, 1e-1, 1e-2])
 NOISE, PRIOR_SD = 0.5, 1000.0
 
@@ -295,6 +300,63 @@ def test_a_warm_start_from_the_origin_fits_a_posterior_3e5_away_in_single_precis
     scale = np.asarray(fit.scale, np.float64)
     np.testing.assert_array_less(np.abs(np.asarray(fit.loc) - mode) / sd, 0.2)
     np.testing.assert_allclose(np.sqrt(np.diag(scale @ scale.T)) / sd, 1.0, atol=0.1)
+
+
+def _steep_poisson(dtype):
+    """A Poisson regression with an unstandardized covariate (x up to 1000, rate
+    e^(a + b x), b ≈ 0.002, priors N(0, 10²)) and its mode and Laplace sds (Newton in
+    double precision from the origin)."""
+    rng = np.random.default_rng(2)
+    x = rng.uniform(0, 1000, 80)
+    y = rng.poisson(np.exp(0.5 + 0.002 * x)).astype(float)
+    xs, ys = jnp.asarray(x, dtype), jnp.asarray(y, dtype)
+
+    def logdensity(z):
+        eta = z[0] + z[1] * xs
+        return -0.5 * jnp.sum((z / 10.0) ** 2) + jnp.sum(ys * eta - jnp.exp(eta))
+
+    design, m = np.stack([np.ones_like(x), x], 1), np.zeros(2)
+    for _ in range(100):
+        rate = np.exp(design @ m)
+        precision = design.T @ (rate[:, None] * design) + np.eye(2) / 100.0
+        m = m + np.linalg.solve(precision, design.T @ (y - rate) - m / 100.0)
+    return logdensity, m, np.sqrt(np.diag(np.linalg.inv(precision)))
+
+
+def test_difference_products_stay_local_on_a_steep_coordinate():
+    """At the mode of the steep Poisson regression the slope's posterior sd is 2e-4: the
+    fixed step 1e-2 spanned 50 sds, across which the rate changes e^10-fold, and the
+    products came out 300 times the curvature (the Laplace start a tenth of the sd).
+    They must be the exact Hessian within 1 %."""
+    logdensity, mode, _ = _steep_poisson(jnp.float32)
+    z = jnp.asarray(mode, jnp.float32)
+    got = np.asarray(_difference(logdensity).hvp(jnp.stack([z, z]), jnp.eye(2, dtype=jnp.float32)))
+    want = np.asarray(jax.hessian(logdensity)(z), np.float64)
+    np.testing.assert_allclose(got, want, rtol=0.01)
+
+
+@pytest.mark.parametrize(
+    "dtype, start",
+    # the guide's first points (init_to_uniform) on this model in single and double
+    # precision: rates e^56 and e^244, log densities -1.6e25 and -7e102
+    [(jnp.float32, [1.9473495, 0.05664539]), (jnp.float64, [-1.41492482, 0.24436243])],
+    ids=["float32", "float64"],
+)
+def test_a_warm_start_far_out_in_a_steep_tail_reaches_the_posterior(dtype, start):
+    """From a start where the rate is e^56 the curvature gives scales of 1e-12 (below
+    float32's resolution at z = 0.06): the mode search never moved, q was a point at a
+    log density of -1.6e25 and training could not move it, silently. In double precision
+    (e^244) the search stopped 2 500 nats below the mode, its gradient test passed in
+    the start's units. q must reach the posterior's mode and scales."""
+    with enable_x64(dtype == jnp.float64):
+        logdensity, mode, sd = _steep_poisson(dtype)
+        fit = warm_start(
+            jax.random.PRNGKey(0), None, jnp.asarray(start, dtype), 0.1, full_rank=True,
+            num_steps=300, oracle=_difference(logdensity),
+        )
+        loc, scale = np.asarray(fit.loc, np.float64), np.asarray(fit.scale, np.float64)
+    np.testing.assert_array_less(np.abs(loc - mode) / sd, 0.3)
+    np.testing.assert_allclose(np.sqrt(np.diag(scale @ scale.T)) / sd, 1.0, atol=0.2)
 
 
 def test_warm_start_on_difference_products_compiles_the_log_density_once():

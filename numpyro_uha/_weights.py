@@ -28,6 +28,13 @@ KHAT_BAD = 0.7
 #: an ELBO uncertain by more than that cannot resolve them, and std(log w) = SE · √N that
 #: large (31 nats at N = 1000) means the weights vary over many orders of magnitude.
 ELBO_SE_BAD = 1.0
+#: A k̂ at or above ``KHAT_BAD`` is not taken as a poor fit when no weight is more than
+#: e^this (twice) the mean weight, the mean of the log weights standing in for the log
+#: of the mean (below it, so the test is stricter): the sample shows no tail at all (its
+#: effective sample size is at least half the draws), and the Pareto fit to such nearly
+#: equal weights is noise (k̂ = 3.15 at an ESS of 494.9 of 500, log weights within
+#: 1.7 nats of each other, for a near-Gaussian posterior fitted by AutoNormal).
+BOUNDED_LOG_SPREAD = math.log(2.0)
 
 
 def _check_log_weights(log_weights, where) -> np.ndarray:
@@ -193,18 +200,31 @@ def _warn_if_poor_fit(
     if khat is None:
         khat = psis_khat(np.where(finite, log_w, -np.inf))
     se = float(np.std(log_w[finite], ddof=1) / math.sqrt(np.sum(finite)))
+    spread = float(np.max(log_w[finite]) - np.mean(log_w[finite]))
     _warn_poor_fit(
-        khat, se, int(np.sum(finite)), log_w.size, where, stacklevel + 1, also, advice
+        khat, se, int(np.sum(finite)), log_w.size, where, stacklevel + 1, also, advice,
+        spread=spread,
     )
     return khat
 
 
-def _warn_poor_fit(khat, se, num_finite, size, where, stacklevel, also="", advice=UHA_ADVICE):
+def khat_counts(khat, num_finite, size, spread) -> bool:
+    """Whether k̂ says the fit is poor: k̂ ≥ ``KHAT_BAD`` (finite), unless every draw is
+    finite and the largest log weight lies within :data:`BOUNDED_LOG_SPREAD` of their
+    mean (``spread``)."""
+    bounded = spread is not None and num_finite == size and spread <= BOUNDED_LOG_SPREAD
+    return math.isfinite(khat) and khat >= KHAT_BAD and not bounded
+
+
+def _warn_poor_fit(
+    khat, se, num_finite, size, where, stacklevel, also="", advice=UHA_ADVICE, *, spread=None
+):
     """:func:`_warn_if_poor_fit`'s criteria and warning, from k̂, the ELBO's standard
-    error and the count of finite draws among ``size``."""
+    error, the count of finite draws among ``size`` and ``spread``, the largest finite
+    log weight less their mean (see :func:`khat_counts`)."""
     num_bad = int(size - num_finite)
     problems = []
-    if math.isfinite(khat) and khat >= KHAT_BAD:
+    if khat_counts(khat, num_finite, size, spread):
         problems.append(
             f"Pareto k̂ = {khat:.2f} ≥ {KHAT_BAD} (importance-weighted estimates and "
             "resampled draws are unreliable)"

@@ -40,6 +40,7 @@ from numpyro.infer.autoguide import (
 )
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
+from numpyro.infer.util import log_density as model_log_density
 
 from numpyro_uha import _decenter, _enumerate, _hidden, _supports
 from numpyro_uha._compiled_init import compiled_initialization
@@ -75,11 +76,11 @@ from numpyro_uha._precondition import (
     _scale_corr_inverse,
 )
 from numpyro_uha._weights import (
-    KHAT_BAD,
     SHIFT_BAD,
     WeightSummary,
     _warn_poor_fit,
     biased_coordinates,
+    khat_counts,
     summary_from_values,
     summary_khat,
     summary_largest,
@@ -988,8 +989,25 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 loc, scale = fit.loc, fit.scale
                 preconditioned = True
                 self._start_elbo = _mean_and_se(fit.log_weights)
-                if not bool(fit.converged):
-                    diff, se = loss_decrease(np.asarray(fit.losses))
+                losses = np.asarray(fit.losses)
+                tail = losses[-2 * max(1, losses.shape[0] // 10):]
+                if not bool(fit.converged) and not np.all(np.isfinite(tail)):
+                    warnings.warn(
+                        f"UHAGuide: the plain-VI warm start's loss was not finite at "
+                        f"{int(np.sum(~np.isfinite(tail)))} of its last {tail.size} "
+                        "steps: some of its draws from q (a Gaussian over every "
+                        "unconstrained coordinate) fell where the log density is -inf or "
+                        "NaN, e.g. outside a region a factor of -inf cuts out, so "
+                        "whether it converged cannot be told. UHA training starts from "
+                        "it anyway. Where the model cuts its support with a factor, "
+                        "sampling a site on that support instead (b = a + d with d "
+                        "positive, or constraints.ordered_vector, for a < b) keeps every "
+                        "draw inside it.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                elif not bool(fit.converged):
+                    diff, se = loss_decrease(losses)
                     warnings.warn(
                         f"UHAGuide: the plain-VI warm start had not converged after "
                         f"{self.warm_start_steps} steps: its mean loss fell by "
@@ -1627,11 +1645,37 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             "Gaussian q still reaches past it (UHASupportWarning)."
             if observed and observed == bad else ""
         )
+        gradient = "" if bad else self._nonfinite_gradient_at(model_trace, args, kwargs)
         return (
             "UHAGuide: the model's log density (or its gradient) is not finite at any "
             f"initial point tried by init_loc_fn; sites with a non-finite log probability at "
-            f"such a point: {bad or 'none found (check factors and gradients)'}. Choose "
-            f"another init_loc_fn (e.g. init_to_median) or fix the model.{bound}"
+            f"such a point: {bad or 'none found (check factors and gradients)'}.{gradient} "
+            f"Choose another init_loc_fn (e.g. init_to_median) or fix the model.{bound}"
+        )
+
+    def _nonfinite_gradient_at(self, model_trace, args, kwargs):
+        """A sentence naming the latent sites where the log density's gradient is not
+        finite at ``model_trace``'s values although the log density is ('' if none)."""
+        values = {
+            name: site["value"] for name, site in model_trace.items()
+            if site["type"] == "sample" and not site["is_observed"]
+            and not site["fn"].support.is_discrete
+        }
+        try:
+            grads = jax.grad(
+                lambda v: model_log_density(self.model, args, kwargs, v)[0]
+            )(values)
+        except Exception:  # noqa: BLE001 - only a better message
+            return ""
+        named = [n for n, g in grads.items() if not bool(jnp.all(jnp.isfinite(g)))]
+        if not named:
+            return ""
+        return (
+            f" The log density is finite there but its gradient is not, in latent site(s) "
+            f"{named}: a term whose derivative is infinite or NaN at that value (jnp.sqrt "
+            "or jnp.linalg.norm at 0, or jnp.where with a NaN in the branch not taken, "
+            "whose gradient is NaN too). Write it with a finite derivative there (e.g. "
+            "jnp.sqrt(x + 1e-12)), or start elsewhere."
         )
 
     # ----------------------------------------------------------- log density
@@ -2486,11 +2530,14 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 self._warn_if_worse(summary, start, stacklevel=3, log_weights=log_weights)
             if judge and summary.num_finite >= 2:
                 khat = summary_khat(summary, num_draws)
+                spread = float(summary.high - summary.mean)
                 _warn_poor_fit(
                     khat, math.sqrt(summary.var / summary.num_finite), summary.num_finite,
                     num_draws, f"UHAGuide.{warn_as}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
+                    spread=spread,
                 )
-                if not khat >= KHAT_BAD:  # else the weights cannot say by how much
+                # else the weights cannot say by how much
+                if not khat_counts(khat, summary.num_finite, num_draws, spread):
                     self._warn_if_draws_biased(log_weights, finite, latent, summary, warn_as)
             if bad:
                 finite = np.asarray(finite)

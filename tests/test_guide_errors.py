@@ -1,5 +1,7 @@
 """Bad input to UHAGuide gets a clear error that names the argument or the site."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -638,3 +640,39 @@ def test_params_of_another_k_name_the_extrapolate_call(initialized):
     new_guide, new_params = guide.extrapolate(params, 5)
     draws = new_guide.sample_posterior(jax.random.PRNGKey(0), new_params, Y, sample_shape=(3,))
     assert draws["mu"].shape == (3,)
+
+
+def test_a_warm_start_with_infinite_losses_says_so_not_that_its_loss_fell_by_nan():
+    """A factor of -inf cuts the support (a < b): some of the warm start's draws from q
+    fall outside it and its loss is infinite at some steps. The warning said the loss
+    'fell by nan ± nan nats' (and NumPy warned of invalid values): it must say the loss
+    was not finite, and no NaN may appear in it."""
+
+    def cut_model():
+        a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+        numpyro.factor("c", jnp.where(a < b, 0.0, -jnp.inf))
+
+    guide = UHAGuide(cut_model, K=2, warm_start_steps=200)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        svi_for(cut_model, guide).init(jax.random.PRNGKey(0))
+    messages = [str(w.message) for w in caught]
+    assert any("warm start's loss was not finite at" in m for m in messages), messages
+    assert not any("nan" in m.lower().replace("-inf or nan", "") for m in messages), messages
+
+
+def test_a_gradient_that_is_not_finite_at_the_start_is_named():
+    """The log density is finite at w = 0 but the gradient of ||w|| is NaN there: the
+    setup's error said no site had a non-finite log probability and to 'check factors
+    and gradients'; it must name the site whose gradient is not finite."""
+    from numpyro.infer.initialization import init_to_value
+
+    def lasso(y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+        numpyro.factor("penalty", -3.0 * jnp.linalg.norm(w))
+        numpyro.sample("y", dist.Normal(w.sum(), 1.0), obs=y)
+
+    guide = UHAGuide(lasso, K=2, init_loc_fn=init_to_value(values={"w": jnp.zeros(3)}))
+    with pytest.raises(ValueError, match=r"its gradient is not, in latent site\(s\) \['w'\]"):
+        svi_for(lasso, guide).init(jax.random.PRNGKey(0), Y)

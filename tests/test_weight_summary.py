@@ -170,3 +170,47 @@ def test_the_chains_own_summary_is_that_of_the_returned_weights(fitted, n):
     assert got.mean == pytest.approx(want.mean, rel=1e-6)
     assert got.var == pytest.approx(want.var, rel=1e-5)
     assert summary_khat(got, n) == psis_khat(np.asarray(lw, np.float64))
+
+
+def _squeezed_heavy_tail(spread):
+    """Log weights whose tail has a Pareto shape (k = 1) but whose largest lies
+    ``spread`` nats above their mean: within a factor e^spread of it."""
+    w = np.random.default_rng(0).pareto(1.0, 500)
+    lw = w / w.max()
+    return spread * lw / (lw.max() - lw.mean())
+
+
+def test_a_high_khat_of_nearly_equal_weights_is_not_a_poor_fit():
+    """k̂ fitted to weights within a factor of two of their mean is noise (k̂ = 3.15 at an
+    ESS of 494.9 of 500 on a near-Gaussian posterior): no warning. The same tail spread
+    over 3 nats (a weight 20 times the mean) is warned, and so is any diverged draw."""
+    from numpyro_uha._weights import _warn_if_poor_fit
+
+    for spread, warned in ((0.3, False), (0.6, False), (3.0, True)):
+        lw = _squeezed_heavy_tail(spread)
+        assert psis_khat(lw) >= 0.7
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _warn_if_poor_fit(lw, "here")
+        assert any("Pareto k̂" in str(w.message) for w in caught) == warned, spread
+    with_a_diverged = np.concatenate([_squeezed_heavy_tail(0.3)[:-1], [-np.inf]])
+    assert psis_khat(with_a_diverged) >= 0.7
+    with pytest.warns(UHAFitWarning, match="Pareto k̂"):
+        _warn_if_poor_fit(with_a_diverged, "here")
+
+
+def test_the_draws_do_not_take_a_high_khat_of_nearly_equal_weights_for_a_poor_fit(
+    fitted, monkeypatch
+):
+    """The draw methods' own check (from the weights' device summary): a k̂ of 3 on the
+    fitted conjugate model's nearly equal weights warns of nothing."""
+    guide, params = fitted
+    monkeypatch.setattr(guide_module, "summary_khat", lambda summary, n: 3.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(3), params, cm.Y, sample_shape=(500,)
+        )
+    log_w = np.asarray(draws.log_weights, np.float64)
+    assert log_w.max() - log_w.mean() < np.log(2.0)  # the case this is about
+    assert not [w for w in caught if issubclass(w.category, UHAFitWarning)]

@@ -57,12 +57,16 @@ def _is_local(guide) -> bool:
 
 
 def _require_uha_guide(guide, where):
-    """A clear error for a guide other than UHAGuide and UHALocalGuide (their draws come
-    with the weights and site names these functions use)."""
+    """A clear error for NumPyro's own guides (the draws of UHAGuide and UHALocalGuide
+    come with the weights and site names these functions use)."""
+    from numpyro.infer.autoguide import AutoGuide
+
     from numpyro_uha.guide import UHAGuide
     from numpyro_uha.local import UHALocalGuide
 
-    if not isinstance(guide, (UHAGuide, UHALocalGuide)):
+    if isinstance(guide, AutoGuide) and not isinstance(
+        guide, (UHAGuide, UHALocalGuide)
+    ):
         raise TypeError(
             f"{where} takes a UHAGuide or a UHALocalGuide, got {type(guide).__name__}. For "
             "NumPyro's own guides, draw with guide.sample_posterior(rng_key, params, "

@@ -193,6 +193,24 @@ SLOW_FOR_TIME = frozenset({
     "tests/test_guide_list_prefix.py::test_a_shared_prefix_is_refused_whichever_guide_runs_first[diagonal-True]",
     "tests/test_guide_weights.py::test_trace_elbo_term_is_the_core_log_weight_draw_by_draw[velocity_verlet-auto]",
     "tests/test_masked_entries.py::test_an_unused_masked_out_event_is_completed[real]",
+    # a seventh round (the fifteenth hunt: 686 s of tests; variants beside others of
+    # their kind that stay: the other integrator, the other side of a threshold, the
+    # other options)
+    "tests/core/test_reverse.py::test_reverse_weights_estimate_one_over_z[uha-velocity_verlet]",
+    "tests/test_guide_weights.py::test_trace_elbo_term_is_the_core_log_weight_draw_by_draw[position_verlet-False]",
+    "tests/core/test_annealing.py::test_weight_is_unbiased_for_z[uha-position-fullrank-L3]",
+    "tests/core/test_annealing.py::test_weight_is_unbiased_for_z[hais-position-drift]",
+    "tests/core/test_annealing.py::test_weight_is_unbiased_for_z[uha-position-force-limit]",
+    "tests/core/test_annealing.py::test_weight_is_unbiased_for_z[uha-diag-L3]",
+    "tests/test_defaults.py::test_auto_base_dist_is_full_rank_up_to_the_threshold[33-cholesky-cholesky]",
+    "tests/test_defaults.py::test_auto_base_dist_is_full_rank_up_to_the_threshold[1-cholesky-cholesky]",
+    "tests/test_enumerate.py::test_the_exports_log_likelihood_sums_each_points_assignment_out[mixture_with_a_deterministic_mean]",
+    "tests/test_improper_directions.py::test_proper_posteriors_get_no_warning[tiny-gradient]",
+    "tests/test_decenter.py::test_the_compiled_probe_finds_what_the_point_by_point_probe_finds[_scale_only-]",
+    "tests/test_guide_errors.py::test_diverging_training_warns_then_draws_raise[one-particle-scan]",
+    "tests/core/test_hais.py::test_hais_is_unbiased_with_frequent_rejections[position_verlet]",
+    "tests/test_estimators.py::test_sandwich_brackets_the_truth[hais]",
+    "tests/core/test_reverse.py::test_reverse_hais_estimates_one_over_z_with_frequent_rejections[position_verlet]",
 })
 
 

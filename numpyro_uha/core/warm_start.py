@@ -389,12 +389,13 @@ def _difference_points(zs, vs, width, widen):
 
 
 @small_jit()
-def _difference_finish(grads, h, vs, previous, pending, first, widen):
+def _difference_finish(grads, h, vs, previous, pending, first, widen, settled):
     """The products of the rows still ``pending`` (the others keep ``previous``), which
-    of them are to be differenced again, and the next attempt's ``widen`` factors: a
-    row not resolved (see :data:`DIFFERENCE_RESOLUTION`) is widened; a resolved row
-    whose step is coarse (see :data:`DIFFERENCE_COARSE`) is narrowed. A step whose
-    product is not finite (it left the log density's domain) keeps the previous product
+    of them are to be differenced again, the next attempt's ``widen`` factors, and which
+    products are resolved: a row not resolved (see :data:`DIFFERENCE_RESOLUTION`) is
+    widened; a resolved row whose step is coarse (see :data:`DIFFERENCE_COARSE`) is
+    narrowed. A step whose product is not finite (it left the log density's domain), or
+    is not resolved where the previous one was (``settled``), keeps the previous product
     and is not tried again."""
     rows = h.shape[0]
     up, down = grads[:rows], grads[rows : 2 * rows]
@@ -402,7 +403,7 @@ def _difference_finish(grads, h, vs, previous, pending, first, widen):
     spacing = jnp.finfo(up.dtype).eps * jnp.maximum(jnp.abs(up), jnp.abs(down))
     resolved = jnp.any(jnp.abs(up - down) > DIFFERENCE_RESOLUTION * spacing, axis=-1)
     finite = jnp.all(jnp.isfinite(products), axis=-1)
-    take = pending & (first | finite)
+    take = pending & (first | (finite & (resolved | ~settled)))
     # the move h‖v‖ in sds along v: h ‖v‖ sqrt(|vᵀHv|) / ‖v‖
     curvature = jnp.abs(jnp.sum(vs * products, axis=-1))
     moved = h[:, 0] * jnp.sqrt(jnp.where(finite, curvature, 0.0))
@@ -410,7 +411,8 @@ def _difference_finish(grads, h, vs, previous, pending, first, widen):
     fine = widen * DIFFERENCE_FINE / jnp.where(coarse, moved, 1.0)
     again = take & (~resolved | coarse)
     widen = jnp.where(~resolved, widen * DIFFERENCE_WIDEN, jnp.where(coarse, fine, widen))
-    return jnp.where(take[:, None], products, previous), again, widen
+    settled = jnp.where(take, resolved, settled)
+    return jnp.where(take[:, None], products, previous), again, widen, settled
 
 
 def difference_oracle(
@@ -446,6 +448,7 @@ def difference_oracle(
         rows = zs.shape[0]
         widen = np.ones(rows, zs.dtype)
         products, pending = np.zeros(zs.shape, zs.dtype), np.ones(rows, bool)
+        settled = np.zeros(rows, bool)
         for attempt in range(DIFFERENCE_RETRIES + 1):
             chunks, grads, h = _difference_points(zs, vs, width, widen, host=host)
 
@@ -453,8 +456,9 @@ def difference_oracle(
                 return _put(grads, value_and_grad(_take(chunks, c, host=host))[1], c, host=host)
 
             grads = _loop(host, chunks.shape[0], body, grads)
-            products, pending, widen = _difference_finish(
-                grads, h, vs, products, pending, np.asarray(attempt == 0), widen, host=host
+            products, pending, widen, settled = _difference_finish(
+                grads, h, vs, products, pending, np.asarray(attempt == 0), widen, settled,
+                host=host,
             )
             if attempt == DIFFERENCE_RETRIES or not np.any(np.asarray(pending)):
                 return products

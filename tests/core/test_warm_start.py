@@ -335,6 +335,22 @@ def test_difference_products_stay_local_on_a_steep_coordinate():
     np.testing.assert_allclose(got, want, rtol=0.01)
 
 
+def test_a_narrowed_step_below_the_gradients_rounding_keeps_the_resolved_product():
+    """A quadratic under a large linear term (gradient 1e9, curvature 1e4, sd 0.01): the
+    step 1e-2 is below the gradients' rounding (a difference of 200 where float32's
+    spacing is 64), the widened step 10.24 resolves it but spans 1 000 sds, and the
+    narrowed step (0.05 sd) is below the rounding again (a difference of 10). The
+    resolved product, exact on a quadratic up to 0.1 %, must be the one returned, not
+    the last one."""
+
+    def logdensity(z):
+        return jnp.sum(1e9 * z - 5e3 * z**2)
+
+    z = jnp.zeros((1, 1), jnp.float32)
+    got = _difference(logdensity).hvp(z, jnp.ones((1, 1), jnp.float32))
+    np.testing.assert_allclose(np.asarray(got), -1e4, rtol=0.01)
+
+
 @pytest.mark.parametrize(
     "dtype, start",
     # the guide's first points (init_to_uniform) on this model in single and double

@@ -182,6 +182,19 @@ START_ELBO_DRAWS = 256
 
 #: Fewer finite draws than this are not compared with the starting q's ELBO.
 START_ELBO_MIN_DRAWS = 100
+
+#: A log weight counts as below q's ELBO when it is lower by 1 nat, or by this many of
+#: single precision's spacings at q's ELBO where that is more: at a log density of
+#: -1.6e25 (a warm start stuck far out in a steep tail) the same draws' log weights
+#: differed by 1.15e18 nats of rounding between q's and UHA's, and training was said to
+#: have made the fit worse.
+START_ELBO_SPACINGS = 64
+
+
+def _below_start(start_elbo: float) -> float:
+    """How far below q's ELBO a log weight (or the UHA ELBO) must be to count as lower
+    (see :data:`START_ELBO_SPACINGS`)."""
+    return max(1.0, START_ELBO_SPACINGS * float(np.finfo(np.float32).eps) * abs(start_elbo))
 #: ``sample_posterior`` checks the draws' weights (Pareto k̂, the ELBO's standard error)
 #: when it draws at least this many: below it the tail fit of k̂ rests on too few draws
 #: (ArviZ fits the largest min(N/5, 3√N) weights: 40 at N = 200).
@@ -2458,9 +2471,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         summary_arrays = start = None
         if nonfinite != "keep" and not _is_tracer((rng_key, params, arrays)):
             # q's ELBO at the start, where the draws can be compared with it: the weight
-            # summary counts the draws more than 1 nat below it
+            # summary counts the draws more than 1 nat (_below_start) below it
             start = self._start_elbo_for((args, kwargs))
-        threshold = -math.inf if start is None else float(start[0]) - 1.0
+        threshold = -math.inf if start is None else float(start[0]) - _below_start(start[0])
         if concrete:
             # Concrete: the draws run in chunks of a fixed width, one compiled program
             # per width, so a new sample_shape reuses it (widths 2^k or 3 · 2^(k-1) from
@@ -2664,7 +2677,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             return False
         summary = WeightSummary(
             log_w.size, float(log_w.mean()), float(log_w.var(ddof=1)), float(np.median(log_w)),
-            int(np.sum(log_w < start[0] - 1.0)), float(log_w.min()), float(log_w.max()),
+            int(np.sum(log_w < start[0] - _below_start(start[0]))),
+            float(log_w.min()), float(log_w.max()),
             np.zeros(0),
         )
         return self._warn_if_worse(summary, start, stacklevel=stacklevel)
@@ -2705,7 +2719,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         # were at least start - 1 nat, at most half the draws would fall below that.
         below = summary.num_below / num
         worse = []
-        if start - elbo > max(1.0, 4.0 * math.hypot(se, start_se)):
+        margin = _below_start(start)
+        if start - elbo > max(margin, 4.0 * math.hypot(se, start_se)):
             worse.append(
                 f"the UHA ELBO (mean log weight) is {elbo:.4g} ± {se:.2g}, "
                 f"{start - elbo:.3g} nats below q's"
@@ -2716,7 +2731,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 host = np.asarray(log_weights, np.float64).ravel()
                 median = float(np.median(host[np.isfinite(host)]))
             worse.append(
-                f"{below:.0%} of the log weights lie more than 1 nat below q's ELBO (median "
+                f"{below:.0%} of the log weights lie more than {margin:.3g} "
+                f"nat{'s' if margin != 1.0 else ''} below q's ELBO (median "
                 f"{median:.4g}, {start - median:.3g} nats below)"
             )
         if not worse:

@@ -435,6 +435,19 @@ WHILE_LOOP_NOTE = (
 )
 
 
+#: Added to a distribution's "got invalid ... parameter" error from NumPyro's
+#: initialization of the model.
+INVALID_AT_INIT_NOTE = (
+    "UHAGuide: NumPyro's initialization of the model failed: a distribution got an "
+    "invalid parameter at the model's first values (init_loc_fn's, by default uniform "
+    "in (-2, 2) on each site's unconstrained scale, or draws from the prior). An "
+    "unstandardized covariate or a wide prior inside exp(...) overflows there (a "
+    "NegativeBinomial2 mean exp(a + b x) with x up to 500 is infinite at b = 2). "
+    "Standardize the covariates, or start where the model is finite with "
+    "init_loc_fn=init_to_value(values={...}). NumPyro's AutoNormal fails the same way."
+)
+
+
 #: Added to JAX's TypeError when the guide is differentiated in forward mode.
 FORWARD_MODE_NOTE = (
     "UHAGuide: the guide is trained by reverse-mode differentiation only: its gradient "
@@ -918,6 +931,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 raise
             raise ValueError(self._describe_bad_initial_point(args, kwargs)) from err
         except (ValueError, TypeError, IndexError, AssertionError) as err:
+            if not self._discrete and isinstance(err, ValueError) and "got invalid" in str(err):
+                err.add_note(INVALID_AT_INIT_NOTE)
             if not self._discrete or (
                 isinstance(err, AssertionError) and not _enumerate.enumeration_failed_inside(err)
             ):

@@ -676,3 +676,27 @@ def test_a_gradient_that_is_not_finite_at_the_start_is_named():
     guide = UHAGuide(lasso, K=2, init_loc_fn=init_to_value(values={"w": jnp.zeros(3)}))
     with pytest.raises(ValueError, match=r"its gradient is not, in latent site\(s\) \['w'\]"):
         svi_for(lasso, guide).init(jax.random.PRNGKey(0), Y)
+
+
+def test_an_invalid_parameter_at_numpyros_first_values_says_why_and_what_to_do():
+    """A negative binomial regression on a raw covariate (x up to 500): NumPyro's
+    initialization meets exp(a + b x) = inf and its Gamma raises 'got invalid rate
+    parameter' (AutoNormal the same); the error must say where that comes from and how
+    to start, and init_to_value at a finite point must then set the guide up."""
+    from numpyro.infer.initialization import init_to_value
+
+    def negbin(x, y):
+        a = numpyro.sample("a", dist.Normal(0.0, 10.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 10.0))
+        phi = numpyro.sample("phi", dist.HalfNormal(10.0))
+        numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(a + b * x), phi), obs=y)
+
+    x = jnp.linspace(0.0, 500.0, 40)
+    y = jnp.round(jnp.exp(1.0 + 0.004 * x))
+    with pytest.raises(ValueError, match="got invalid") as info:
+        svi_for(negbin, UHAGuide(negbin, K=2)).init(jax.random.PRNGKey(0), x, y)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "NumPyro's initialization of the model failed" in notes and "init_to_value" in notes
+    start = init_to_value(values={"a": 0.0, "b": 0.0})
+    guide = UHAGuide(negbin, K=2, warm_start_steps=50, init_loc_fn=start)
+    svi_for(negbin, guide).init(jax.random.PRNGKey(0), x, y)

@@ -2564,8 +2564,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     num_draws, f"UHAGuide.{warn_as}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
                     spread=spread,
                 )
-                # else the weights cannot say by how much
-                if not khat_counts(khat, summary.num_finite, num_draws, spread):
+                # else the weights cannot say by how much (nor with too few for k̂: inf)
+                if not (khat_counts(khat, summary.num_finite, num_draws, spread)
+                        or khat == math.inf):
                     self._warn_if_draws_biased(log_weights, finite, latent, summary, warn_as)
             if bad:
                 finite = np.asarray(finite)

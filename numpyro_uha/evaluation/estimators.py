@@ -677,7 +677,8 @@ def log_z(guide, rng_key, params, *args, num_draws: int = 1000, batch_size: int 
     Diverged draws (NaN or -inf log weight) count as zero weights
     (``num_nonfinite``; see :class:`LogZEstimate`). A
     :class:`~numpyro_uha.UHAFitWarning` is emitted when the weights say the fit is poor:
-    Pareto k̂ ≥ 0.7 (:func:`psis_khat`), an ELBO standard error above 1 nat
+    Pareto k̂ ≥ 0.7 (:func:`psis_khat`; not where no weight exceeds twice the mean
+    and none diverged: then the tail fit is noise), an ELBO standard error above 1 nat
     (``ELBO_SE_BAD``), more than 10 % diverged draws, or a bound below the ELBO of the
     Gaussian q training started from (:meth:`~numpyro_uha.UHAGuide.warn_if_worse_than_start`).
 

@@ -331,16 +331,16 @@ DIFFERENCE_STEP = 1e-2
 DIFFERENCE_SPACINGS = 256
 
 
-def _difference_steps(zs, vs):
-    """Each row's step h_r (see :data:`DIFFERENCE_SPACINGS`): h_r · max|v_r| at least
-    that many spacings of the largest |z_ri| among the coordinates v_r moves."""
+def _difference_steps(zs, vs, widen):
+    """Each row's step h_r (see :data:`DIFFERENCE_SPACINGS`): the larger of
+    :data:`DIFFERENCE_STEP` and the floor, ``widen``-fold, but never below the floor,
+    h_r · max|v_r| at least that many spacings of the largest |z_ri| among the
+    coordinates v_r moves."""
     reach = jnp.max(jnp.where(vs != 0, jnp.abs(zs), 0), axis=-1)
     size = jnp.max(jnp.abs(vs), axis=-1)
     spacings = DIFFERENCE_SPACINGS * jnp.finfo(zs.dtype).eps * reach
-    return jnp.where(
-        size > 0, jnp.maximum(DIFFERENCE_STEP, spacings / jnp.where(size > 0, size, 1)),
-        DIFFERENCE_STEP,
-    ).astype(zs.dtype)
+    floor = jnp.where(size > 0, spacings / jnp.where(size > 0, size, 1), 0)
+    return jnp.maximum(jnp.maximum(DIFFERENCE_STEP, floor) * widen, floor).astype(zs.dtype)
 
 
 #: A product is resolved where some entry of its difference of gradients is more than
@@ -377,11 +377,7 @@ def _difference_points(zs, vs, width, widen):
     """The rows z_r + h_r v_r, then z_r − h_r v_r, in chunks of ``width`` (zero rows past
     the end), a zero buffer for their gradients, and the steps h_r (``widen``-fold, and
     never below :data:`DIFFERENCE_SPACINGS` spacings where ``widen`` < 1)."""
-    steps = _difference_steps(zs, vs)
-    size = jnp.max(jnp.abs(vs), axis=-1)
-    reach = jnp.max(jnp.where(vs != 0, jnp.abs(zs), 0), axis=-1)
-    floor = DIFFERENCE_SPACINGS * jnp.finfo(zs.dtype).eps * reach / jnp.where(size > 0, size, 1)
-    h = jnp.maximum(steps * widen, floor)[:, None]
+    h = _difference_steps(zs, vs, widen)[:, None]
     points = jnp.concatenate([zs + h * vs, zs - h * vs])
     num = -(-points.shape[0] // width)
     padded = jnp.zeros((num * width, zs.shape[-1]), zs.dtype).at[: points.shape[0]].set(points)

@@ -71,7 +71,7 @@ from numpyro_uha._divergence import (
     diverged,
     gate,
 )
-from numpyro_uha._weights import KHAT_BAD, psis_khat
+from numpyro_uha._weights import KHAT_BAD, khat_counts, psis_khat
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import (
     GROUPS,
@@ -1725,8 +1725,9 @@ class UHALocalGuide(AutoGuide):
         # the data points' indices (log_weights checked subsample_idx; without it, the
         # chains are those of the first B data points, as _subsample gives)
         idx = np.arange(log_w.shape[1]) if subsample_idx is None else np.asarray(subsample_idx)
+        heavy = np.array([_khat_counts_of(k, column_w) for k, column_w in zip(khat, log_w.T)])
         _warn_if_points_fit_poorly(
-            khat, column("num_nonfinite"), log_w.shape[0], idx, self.per_data_point
+            heavy, column("num_nonfinite"), log_w.shape[0], idx, self.per_data_point
         )
         return LocalLogZ(
             log_z=iw,
@@ -1859,7 +1860,7 @@ class UHALocalGuide(AutoGuide):
         normalized = np.exp(log_w - np.max(log_w))
         normalized /= normalized.sum()
         chains_se = float(np.sqrt(np.sum(normalized * np.nan_to_num(chains_var, nan=0.0))))
-        _warn_if_globals_missed(khat, estimate.ess, num_draws)
+        _warn_if_globals_missed(khat, estimate.ess, num_draws, log_w)
         return GlobalLogZ(
             log_z=estimate.iw,
             se=float(np.hypot(estimate.iw_se, chains_se)),
@@ -1996,11 +1997,26 @@ class UHALocalGuide(AutoGuide):
         return state
 
 
-def _warn_if_globals_missed(khat, ess, num_draws):
+def _khat_counts_of(khat, log_w) -> bool:
+    """:func:`~numpyro_uha._weights.khat_counts` for one set of log weights (NaN and
+    -inf: zero weights): a k̂ ≥ ``KHAT_BAD`` is a poor fit unless every weight is
+    finite and none is more than twice their geometric mean."""
+    log_w = np.asarray(log_w, np.float64)
+    finite = np.isfinite(log_w)
+    spread = float(np.max(log_w[finite]) - np.mean(log_w[finite])) if finite.any() else None
+    return khat_counts(float(khat), int(finite.sum()), log_w.size, spread)
+
+
+def _warn_if_globals_missed(khat, ess, num_draws, log_w=None):
     """:class:`~numpyro_uha.UHAFitWarning` where the global draws' importance weights of
     :meth:`UHALocalGuide.global_log_z` say q(θ) misses p(θ | x): Pareto k̂ ≥
-    ``KHAT_BAD`` or an effective sample size under ``ESS_FRACTION_BAD`` of the draws."""
-    heavy = bool(np.isfinite(khat) and khat >= KHAT_BAD)
+    ``KHAT_BAD`` (not where the weights ``log_w`` are all within a factor of two of their
+    mean: :func:`_khat_counts_of`) or an effective sample size under
+    ``ESS_FRACTION_BAD`` of the draws."""
+    if log_w is None:
+        heavy = khat_counts(float(khat), num_draws, num_draws, None)
+    else:
+        heavy = _khat_counts_of(khat, log_w)
     few = bool(ess < ESS_FRACTION_BAD * num_draws)
     if heavy or few:
         reasons = [f"Pareto k̂ = {khat:.2f} ≥ {KHAT_BAD}"] if heavy else []
@@ -2026,11 +2042,13 @@ def _warn_if_globals_missed(khat, ess, num_draws):
         )
 
 
-def _warn_if_points_fit_poorly(khat, num_nonfinite, num_samples, idx, per_data_point):
+def _warn_if_points_fit_poorly(heavy, num_nonfinite, num_samples, idx, per_data_point):
     """:class:`~numpyro_uha.UHAFitWarning` naming the data points whose weights say
-    their q_i and chain fit poorly: Pareto k̂ ≥ ``KHAT_BAD`` (an ``inf`` k̂ from too
-    few draws does not count) or more than 10 % of the draws diverged."""
-    heavy = np.isfinite(khat) & (khat >= KHAT_BAD)
+    their q_i and chain fit poorly: Pareto k̂ ≥ ``KHAT_BAD`` (``heavy``, per data point,
+    from :func:`_khat_counts_of`: an ``inf`` k̂ from too few draws, or weights all within
+    a factor of two of their mean, do not count) or more than 10 % of the draws
+    diverged."""
+    heavy = np.asarray(heavy, bool)
     diverging = num_nonfinite > 0.1 * num_samples
     problems = []
     for flags, what in [

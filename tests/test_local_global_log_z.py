@@ -312,3 +312,54 @@ def test_the_result_prints_its_estimate_and_diagnostics(fitted):
     text = str(result)
     assert text.startswith(f"log p(x) {result.log_z:.2f} ± {result.se:.2f}")
     assert f"Pareto k̂ {result.pareto_khat:.2f}, ESS" in text and "of 100 draws" in text
+
+
+def _squeezed_heavy_tail(spread, size=4000):
+    """Log weights with a Pareto-shaped tail (k = 1) whose largest lies ``spread`` nats
+    above their mean: all within a factor e^spread of it."""
+    w = np.random.default_rng(0).pareto(1.0, size)
+    return spread * w / (w.max() - w.mean())
+
+
+@pytest.mark.parametrize("spread, warned", [(0.3, False), (3.0, True)])
+def test_a_high_khat_of_nearly_equal_global_weights_is_not_a_miss(spread, warned):
+    # the rule of log_z and the draws (_weights.khat_counts): k̂ fitted to weights within
+    # a factor of two of their mean is noise; a tail over 3 nats is not
+    from numpyro_uha._weights import psis_khat
+    from numpyro_uha.local import _warn_if_globals_missed
+
+    log_w = _squeezed_heavy_tail(spread)
+    khat = psis_khat(log_w)
+    assert khat >= 0.7
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _warn_if_globals_missed(khat, 3000.0, log_w.size, log_w)
+    messages = [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
+    assert bool(messages) == warned
+    if warned:
+        assert f"k̂ = {khat:.2f}" in messages[0]
+
+
+@pytest.mark.parametrize("narrow, warned", [(1.0, False), (0.2, True)])
+def test_per_point_log_z_takes_a_high_khat_of_nearly_equal_weights_for_noise(
+    narrow, warned, monkeypatch
+):
+    # each q_i at z_i's exact conditional: its chains' weights lie within 0.15 nats of
+    # their mean, so a k̂ of 3 there is noise; q_i five times too narrow has a real tail
+    import numpyro_uha.local as local_module
+
+    guide, params = _setup()
+    params["local_scale"] = params["local_scale"] * narrow
+    monkeypatch.setattr(local_module, "psis_khat", lambda log_w: 3.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = guide.log_z(
+            jax.random.PRNGKey(1), params, jnp.asarray(Y), BATCH, Y0, num_samples=200,
+            subsample_idx=jnp.arange(4), global_values={"mu": MU[0], "tau": TAU[0]},
+        )
+    messages = [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
+    assert np.all(result.pareto_khat == 3.0)
+    assert bool(messages) == warned
+    if warned:
+        assert "Pareto k̂ ≥ 0.7" in messages[0]
+        assert "at 4 data point(s) [0, 1, 2, 3]" in messages[0]

@@ -263,7 +263,7 @@ class WeightSummary(NamedTuple):
 
 def summary_values(log_weights, finite, threshold, num_largest, num_valid=None):
     """The device side of :func:`weight_summary`, traceable inside a larger program:
-    ``num_finite, num_below`` and ``mean, var, low, high, *largest`` of the ``finite``
+    ``num_finite, num_below`` and ``mean, sd, low, high, *largest`` of the ``finite``
     log weights (only the first ``num_valid``, a traced count, where given: the rest
     are padding), ``largest`` the ``num_largest`` largest with the others at -inf; two
     arrays, two copies to the host (a GPU copies each array on its own)."""
@@ -273,8 +273,16 @@ def summary_values(log_weights, finite, threshold, num_largest, num_valid=None):
         ok = ok & (jnp.arange(lw.shape[0]) < num_valid)
     num_finite = jnp.sum(ok)
     mean = jnp.sum(jnp.where(ok, lw, 0.0)) / jnp.maximum(num_finite, 1)
-    # two passes: a sum of squares would cancel for large log weights in float32
-    var = jnp.sum(jnp.where(ok, jnp.square(lw - mean), 0.0)) / jnp.maximum(num_finite - 1, 1)
+    # two passes: a sum of squares would cancel for large log weights in float32; and
+    # the sd, not the variance, in units of the largest deviation: the square of a
+    # deviation past 1.8e19 (log weights of -1e25 differ by 1e18 in rounding alone)
+    # overflows float32; the host squares the sd in float64
+    deviation = jnp.where(ok, lw - mean, 0.0)
+    scale = jnp.max(jnp.abs(deviation))
+    unit = jnp.where(scale > 0, scale, 1.0)
+    sd = unit * jnp.sqrt(
+        jnp.sum(jnp.square(deviation / unit)) / jnp.maximum(num_finite - 1, 1)
+    )
     num_below = jnp.sum(ok & (lw < threshold))
     low = jnp.min(jnp.where(ok, lw, jnp.inf))
     high = jnp.max(jnp.where(ok, lw, -jnp.inf))
@@ -282,7 +290,7 @@ def summary_values(log_weights, finite, threshold, num_largest, num_valid=None):
     if num_largest:
         largest = jax.lax.top_k(jnp.where(ok, lw, -jnp.inf), num_largest)[0]
     counts = jnp.stack([num_finite, num_below]).astype(jnp.int32)
-    return counts, jnp.concatenate([jnp.stack([mean, var, low, high]).astype(lw.dtype), largest])
+    return counts, jnp.concatenate([jnp.stack([mean, sd, low, high]).astype(lw.dtype), largest])
 
 
 _weight_summary = partial(jax.jit, static_argnames=("num_largest",))(summary_values)
@@ -318,11 +326,12 @@ def summary_from_values(values, n: int, num_largest: int) -> WeightSummary:
     # no median: it would take a sort, which XLA:CPU runs 10-20 times slower than NumPy's
     # partition (1M weights: 0.22 s); the warning that prints it takes it from the weights
     (num_finite, num_below), stats = jax.device_get(values)
-    mean, var, low, high = stats[:4]
+    mean, sd, low, high = stats[:4]
     largest = np.asarray(stats[4:])
     if largest.size < num_largest:
         raise ValueError(f"summary_from_values: {largest.size} largest, {num_largest} needed")
-    return WeightSummary(int(num_finite), float(mean), float(var), math.nan, int(num_below),
+    var = float(sd) ** 2  # in float64: finite where the log weights' dtype overflows
+    return WeightSummary(int(num_finite), float(mean), var, math.nan, int(num_below),
                          float(low), float(high), largest[:num_largest])
 
 

@@ -91,6 +91,19 @@ def test_device_summary_matches_numpy(log_w):
     assert got == want or (np.isnan(want) and np.isnan(got)), (got, want)
 
 
+def test_the_device_summary_of_enormous_float32_log_weights_has_a_finite_variance():
+    # log weights near -1.6e25 (a degenerate fit far out in a tail) differ by 1e20-odd:
+    # the squares of their deviations overflow float32, their variance does not overflow
+    # float64; the ELBO's se and the warning's "std of log w" are finite
+    rng = np.random.default_rng(0)
+    lw = jnp.asarray(-1.6e25 + 3e20 * rng.standard_normal(500), jnp.float32)
+    kept = np.asarray(lw, np.float64)
+    s = weight_summary(lw, jnp.isfinite(lw), khat=True)
+    assert np.isfinite(s.var)
+    assert abs(s.var - kept.var(ddof=1)) < 1e-4 * kept.var(ddof=1)
+    assert abs(s.mean - kept.mean()) < 1e-6 * abs(kept.mean())
+
+
 @pytest.fixture(scope="module")
 def fitted():
     return cm.fit_guide()

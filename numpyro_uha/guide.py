@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from functools import partial
 import functools
 import hashlib
+import sys
 import warnings
 import weakref
 from typing import NamedTuple
@@ -731,7 +732,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             start's VI steps when they take longer than 10 seconds
             (``numpyro_uha.guide.PROGRESS_MIN_TOTAL``; a model whose log density is
             expensive: the warm start evaluates its gradient at 24 points per step);
-            ``False`` never shows one.
+            ``False`` never shows one, and neither does a setup run by
+            ``svi.run(..., progress_bar=False)``.
     """
 
     def __init__(
@@ -1341,7 +1343,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         the default device (from the oracle's ``step_device``, if any)."""
         if kind == "warm_start":
             with _warm_start_bar(
-                self.progress_bar and oracle.compiled and vi_iterations is None,
+                self.progress_bar and _svi_run_progress_bar() is not False
+                and oracle.compiled and vi_iterations is None,
                 self.warm_start_steps,
             ) as callback:
                 fit = warm_start(
@@ -3382,6 +3385,25 @@ def _claim_prefix(prefix: str, latent) -> None:
             f"'{prefix}_loc', '{prefix}_scale', …. Give each guide of an AutoGuideList "
             f"its own prefix, e.g. UHAGuide(model, prefix='uha')."
         ) from err
+
+
+def _svi_run_progress_bar():
+    """``progress_bar`` of the ``numpyro.infer.SVI.run`` call this setup runs under (it
+    calls ``svi.init``), so that ``svi.run(..., progress_bar=False)`` silences the warm
+    start's bar as it does its own; ``None`` outside ``SVI.run`` (``svi.init``, ``jit``)."""
+    from numpyro.infer import SVI
+
+    code = getattr(SVI.run, "__code__", None)
+    frame = sys._getframe(1)
+    try:
+        while frame is not None:
+            if frame.f_code is code:
+                value = frame.f_locals.get("progress_bar")
+                return bool(value) if isinstance(value, (bool, np.bool_)) else None
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
 
 
 @contextlib.contextmanager

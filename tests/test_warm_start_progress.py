@@ -65,6 +65,17 @@ def test_a_warm_start_longer_than_the_delay_shows_its_bar(monkeypatch, capsys, p
         assert closed_at == []
 
 
+@pytest.mark.parametrize("run_bar", [True, False])
+def test_svi_runs_progress_bar_reaches_the_warm_starts(monkeypatch, capsys, run_bar):
+    # svi.run sets the guide up (svi.init) under its own progress_bar: False silences both
+    monkeypatch.setattr(guide_module, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(guide_module, "PROGRESS_MIN_TOTAL", 0.0)
+    guide = UHAGuide(_model, K=4, warm_start_steps=200)
+    svi = SVI(_model, guide, optax.adam(1e-3), Trace_ELBO())
+    svi.run(jax.random.PRNGKey(0), 2, Y, progress_bar=run_bar)
+    assert ("UHAGuide warm start" in capsys.readouterr().err) == run_bar
+
+
 def test_a_short_warm_start_prints_nothing(capsys):
     _init(UHAGuide(_model, K=4, warm_start_steps=200))
     assert "warm start" not in capsys.readouterr().err

@@ -1975,8 +1975,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 self._param_name(short), self._init_values[short], constraint=constraint
             )
             self._check_param_shape(short, jnp.shape(value))
+            self._check_param_range(short, value, constraint)
             values[short] = value if self._learnable(short) else jax.lax.stop_gradient(value)
         return values
+
+    def _check_param_range(self, short, value, constraint):
+        check_param_range("UHAGuide", self._param_name(short), short, value, constraint)
 
     def get_annealing_params(self, params) -> AnnealingParams:
         """The core's :class:`~numpyro_uha.core.AnnealingParams` for trained ``params``.
@@ -2287,6 +2291,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             # traced. One device_get: the copies to the host overlap (one wait, not one
             # per param).
             host = jax.device_get(params)
+            if self._init_values is not None:
+                for short, constraint in self._param_specs().items():
+                    if self._param_name(short) in host:
+                        self._check_param_range(
+                            short, host[self._param_name(short)], constraint
+                        )
             # a parameter may be a pytree (random_flax_module's "<name>$params" is the
             # network's parameter dict)
             bad = sorted(
@@ -3385,6 +3395,33 @@ def _claim_prefix(prefix: str, latent) -> None:
             f"'{prefix}_loc', '{prefix}_scale', …. Give each guide of an AutoGuideList "
             f"its own prefix, e.g. UHAGuide(model, prefix='uha')."
         ) from err
+
+
+def check_param_range(owner, name, short, value, constraint):
+    """A clear error where a concrete value of a guide's parameter ``name`` (one set by
+    hand: ``init_params``, a ``substitute`` handler, edited params) lies outside its
+    ``constraint``'s bounds, where SVI's unconstrained value has no image: a negative
+    step size or scale, a damping above 1 (the divergences it causes would otherwise be
+    put down to the learning rate). The bounds themselves pass (a trained value can
+    round onto one); traced values and other constraints are not checked."""
+    if _is_tracer(value):
+        return
+    if isinstance(constraint, constraints.interval):
+        low, high = constraint.lower_bound, constraint.upper_bound
+    elif isinstance(constraint, constraints.greater_than):  # (softplus_)positive too
+        low, high = constraint.lower_bound, math.inf
+    else:
+        return
+    host = np.asarray(jax.device_get(value), np.float64)
+    outside = np.isfinite(host) & ((host < low) | (host > high))
+    if outside.any():
+        raise ValueError(
+            f"{owner}: params['{name}'] has a value {host[outside].ravel()[0]:g} outside "
+            f"[{float(low):g}, {float(high):g}] ({short} must lie there; SVI optimizes it "
+            "unconstrained, where such a value has no image). Parameters set by hand "
+            "(init_params, numpyro.handlers.substitute, edited params) must lie within "
+            "their constraints."
+        )
 
 
 def _svi_run_progress_bar():

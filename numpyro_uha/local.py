@@ -81,6 +81,7 @@ from numpyro_uha.guide import (
     _check_int,
     _check_step_sizes,
     _chunk_bucket,
+    check_param_range,
     _chunkable,
     _draw_keys,
     _guide_factor,
@@ -921,6 +922,7 @@ class UHALocalGuide(AutoGuide):
 
     def _param(self, short, init, constraint):
         value = numpyro.param(f"{self.prefix}_{short}", init, constraint=constraint)
+        check_param_range("UHALocalGuide", f"{self.prefix}_{short}", short, value, constraint)
         return value if self._learnable(short) else jax.lax.stop_gradient(value)
 
     def _row_param(self, short, init, constraint, idx):

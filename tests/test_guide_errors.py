@@ -272,6 +272,41 @@ def test_sample_posterior_with_nan_params_names_the_param(initialized, name):
         guide.sample_posterior_with_log_weights(jax.random.PRNGKey(0), bad, Y)
 
 
+@pytest.mark.parametrize(
+    "name, value", [("auto_step_size", -0.1), ("auto_damping", 1.5), ("auto_momentum_scale", -1.0)]
+)
+def test_a_hand_set_param_outside_its_constraint_is_named_not_put_down_to_the_lr(
+    initialized, name, value
+):
+    # where SVI would hold NaN for it and every step would diverge, with advice to lower
+    # the learning rate
+    guide, params = initialized
+    bad = dict(params, **{name: jnp.full_like(params[name], value)})
+    match = f"params\\['{name}'\\] has a value {value:g} outside"
+    with pytest.raises(ValueError, match=match):
+        svi_for(normal_model, guide).run(
+            jax.random.PRNGKey(1), 2, Y, progress_bar=False, init_params=bad
+        )
+    for call in (
+        lambda: guide.sample_posterior(jax.random.PRNGKey(0), bad, Y),
+        lambda: Predictive(normal_model, guide=guide, params=bad, num_samples=3)(
+            jax.random.PRNGKey(0), Y
+        ),
+    ):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_params_on_their_constraints_bounds_are_accepted(initialized):
+    # a trained value can round onto a bound (sigmoid(20) is 1 in float32)
+    guide, params = initialized
+    edge = dict(params, auto_step_size=jnp.float32(guide.max_step_size), auto_damping=jnp.float32(1.0))
+    guide.get_annealing_params(edge)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Predictive(normal_model, guide=guide, params=edge, num_samples=3)(jax.random.PRNGKey(0), Y)
+
+
 def test_params_are_checked_again_when_they_change_in_place_or_are_replaced(initialized):
     """The check's result is remembered for the last params seen, by identity of their
     (immutable) JAX arrays only: NumPy params changed in place, and a new JAX array in

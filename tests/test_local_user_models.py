@@ -256,3 +256,21 @@ def test_a_cap_on_the_damping_holds_wherever_the_optimizer_takes_it():
             UHALocalGuide(conjugate_model, K=2, max_damping=bad)
     with pytest.raises(ValueError, match="init_damping"):
         UHALocalGuide(conjugate_model, K=2, max_damping=0.8, init_damping=0.9)
+
+
+def _mean_and_points(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    with numpyro.plate("n", y.shape[0], subsample_size=4) as i:
+        z = numpyro.sample("z", dist.Normal(mu, 1.0))
+        numpyro.sample("y", dist.Normal(z, 1.0), obs=y[i])
+
+
+@pytest.mark.parametrize("name, value", [("local_damping", 1.5), ("local_step_size", -0.1)])
+def test_a_hand_set_param_outside_its_constraint_is_named(name, value):
+    y = jnp.linspace(-1.0, 2.0, 10)
+    guide = UHALocalGuide(_mean_and_points, K=2)
+    svi = SVI(_mean_and_points, guide, optax.adam(1e-2), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    bad = dict(params, **{name: jnp.full_like(params[name], value)})
+    with pytest.raises(ValueError, match=f"UHALocalGuide: params\\['{name}'\\] has a value {value:g} outside"):
+        svi.run(jax.random.PRNGKey(1), 2, y, progress_bar=False, init_params=bad)

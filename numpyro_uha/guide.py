@@ -436,6 +436,17 @@ WHILE_LOOP_NOTE = (
 )
 
 
+#: Added to JAX's error where a JVP rule in the model calls back to the host.
+SECOND_DERIVATIVE_NOTE = (
+    "UHAGuide: training differentiates the model's log density twice (its gradient "
+    "drives the leapfrog steps, and the parameters' gradient runs through them), so "
+    "whatever computes that gradient must be differentiable too: a jax.custom_jvp rule "
+    "that calls jax.pure_callback is not. Write the rule in jax.numpy, or give the "
+    "callback inside it its own custom_jvp. (AutoNormal and NUTS need first derivatives "
+    "only.)"
+)
+
+
 #: Added to a distribution's "got invalid ... parameter" error from NumPyro's
 #: initialization of the model.
 INVALID_AT_INIT_NOTE = (
@@ -659,7 +670,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         num_leapfrog_steps: L, leapfrog steps per transition (1 = under-damped Langevin).
         integrator: ``"position_verlet"`` (default) or ``"velocity_verlet"`` (the paper's
             leapfrog); see :func:`~numpyro_uha.core.annealed_sample`.
-        init_step_size: initial ε, in (0, ``max_step_size``).
+        init_step_size: initial ε, in (0, ``max_step_size``); by default 0.25, or half of
+            ``max_step_size`` where that is smaller.
         max_step_size: ε_max; every ε(β_m) stays in (0, ε_max).
         init_damping: initial η in [0, 1).
         frozen: names of groups that are not learned (see above).
@@ -747,7 +759,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         base_dist: str = "auto",
         num_leapfrog_steps: int = 1,
         integrator: str = "position_verlet",
-        init_step_size: float = 0.25,
+        init_step_size: float | None = None,
         max_step_size: float = 1.0,
         init_damping: float = 0.9,
         frozen=(),
@@ -774,7 +786,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 f"base_dist must be 'auto', 'diagonal' or 'cholesky', got {base_dist!r}."
             )
         max_step_size = _real("max_step_size", max_step_size)
-        init_step_size = _real("init_step_size", init_step_size)
+        init_step_size = _default_init_step_size(init_step_size, max_step_size, 0.25)
         init_damping = _real("init_damping", init_damping)
         init_scale = _real("init_scale", init_scale)
         _check_step_sizes(init_step_size, max_step_size)
@@ -986,6 +998,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         self._precondition = None
         preconditioned = False  # q standardized by the start it fitted (_precondition.py)
         self._start_elbo = None  # (ELBO, its standard error) of the q UHA starts from
+        self._nan_at_prior = None  # _NanAtPrior: where the warm start diverged, why
         # derived from the setup arguments when first needed, not at svi.init
         self._auto_batch_size = self._start_data = None
         arrays, spec = _split_static((args, kwargs), self._hold_data)
@@ -1052,9 +1065,14 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     )
             else:
                 lam = None
+                nan = ""
+                if host:
+                    self._nan_at_prior = self._nan_sites_at_prior(args, kwargs, model_params)
+                    if self._nan_at_prior is not None:
+                        nan = " " + self._nan_at_prior.sentence
                 warnings.warn(
                     "UHAGuide: the plain-VI warm start diverged (non-finite values); "
-                    "starting q from init_loc_fn and init_scale instead.",
+                    f"starting q from init_loc_fn and init_scale instead.{nan}",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -1684,6 +1702,44 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             f"Choose another init_loc_fn (e.g. init_to_median) or fix the model.{bound}"
         )
 
+    def _nan_sites_at_prior(self, args, kwargs, model_params):
+        """Where the warm start diverged: the model's sites whose log probability is NaN
+        at some of :data:`NAN_PRIOR_DRAWS` draws of the latent sites from their prior
+        (observed sites at their data), as a :class:`_NanAtPrior`; ``None`` where there
+        are none, or the prior cannot be drawn from (an improper prior). A NaN there is
+        in the model's own arithmetic (0 · log 0, log of a negative number, inf − inf),
+        which no step size or learning rate mends, and which every gradient-based
+        method meets (NUTS diverges, AutoNormal fails)."""
+        model = self._user_model
+        if model_params:
+            model = handlers.substitute(model, data=model_params)
+        counts = {}
+        nan_draws = 0
+        for seed in range(NAN_PRIOR_DRAWS):
+            try:
+                with handlers.block(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    trace = handlers.trace(handlers.seed(model, seed)).get_trace(
+                        *args, **kwargs
+                    )
+                    found = []
+                    for name, site in trace.items():
+                        if site["type"] != "sample" or site.get("infer", {}).get("enumerate"):
+                            continue
+                        log_prob = np.asarray(site["fn"].log_prob(site["value"]))
+                        if site.get("mask") is not None:
+                            log_prob = np.where(np.asarray(site["mask"]), log_prob, 0.0)
+                        if np.any(np.isnan(log_prob)):
+                            found.append(name)
+            except Exception:  # noqa: BLE001 - a diagnosis only (improper priors, ...)
+                return None
+            nan_draws += bool(found)
+            for name in found:
+                counts[name] = counts.get(name, 0) + 1
+        if not counts:
+            return None
+        return _NanAtPrior(nan_draws, NAN_PRIOR_DRAWS, sorted(counts, key=lambda n: -counts[n]))
+
     def _nonfinite_gradient_at(self, model_trace, args, kwargs):
         """A sentence naming the latent sites where the log density's gradient is not
         finite at ``model_trace``'s values although the log density is ('' if none)."""
@@ -2125,17 +2181,16 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
 
     def __call__(self, *args, **kwargs):
         setup_call = self.prototype_trace is None
-        if setup_call:
-            self._setup_prototype(*args, **kwargs)
         try:
+            if setup_call:
+                self._setup_prototype(*args, **kwargs)
             latent, model_params = self._latent_and_model_params(
                 *args, _setup_call=setup_call, **kwargs
             )
-        except TypeError as error:  # JAX's own, where a while_loop meets the chain's AD
-            if "forward-mode" in str(error) and "custom_vjp" in str(error):
-                error.add_note(FORWARD_MODE_NOTE)
-            elif self._model_runs_while_loop(args, kwargs):
-                error.add_note(WHILE_LOOP_NOTE)
+        except (TypeError, ValueError) as error:  # JAX's own, where its AD meets the model
+            note = self._differentiation_note(error, args, kwargs)
+            if note is not None and note not in getattr(error, "__notes__", ()):
+                error.add_note(note)
             raise
         _claim_prefix(self.prefix, latent)
         mask_off = numpyro.get_mask() is False
@@ -2591,6 +2646,22 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))
 
+    def _differentiation_note(self, error, args, kwargs):
+        """The note for JAX's error where differentiating the model inside the guide
+        failed (``None`` for any other error)."""
+        text = str(error)
+        if "forward-mode" in text and "custom_vjp" in text:
+            return FORWARD_MODE_NOTE
+        if "callbacks do not support JVP" in text:
+            return SECOND_DERIVATIVE_NOTE
+        if "Reverse-mode differentiation does not work for lax.while_loop" in text:
+            return WHILE_LOOP_NOTE  # JAX's own words (at the setup, e.g.)
+        if isinstance(error, TypeError) and self.prototype_trace is not None and (
+            self._model_runs_while_loop(args, kwargs)  # JAX's internal error, in training
+        ):
+            return WHILE_LOOP_NOTE
+        return None
+
     def _model_runs_while_loop(self, args, kwargs) -> bool:
         """Whether the model's log density (at the setup's point) runs a
         ``lax.while_loop``; ``False`` where that cannot be told."""
@@ -2801,7 +2872,16 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             "are too large for some regions the draws reach)."
         )
         cause = None
-        if getattr(self, "_ruled_out", None) is not None:
+        if getattr(self, "_nan_at_prior", None) is None and (
+            nonfinite == "raise" or bad > MAX_NONFINITE_FRACTION * num_draws
+        ) and getattr(self, "_setup_args", None) is not None:
+            # about to raise: is the model's log density NaN where its prior reaches?
+            model_params = {n: site["value"] for n, site in self._model_param_sites.items()}
+            self._nan_at_prior = self._nan_sites_at_prior(*self._setup_args, model_params)
+        if getattr(self, "_nan_at_prior", None) is not None:
+            cause = self._nan_at_prior.sentence
+            advice = cause
+        elif getattr(self, "_ruled_out", None) is not None:
             # the setup's UHASupportWarning: no step size fixes that
             sites = self._ruled_out.sites
             cause = (
@@ -3167,6 +3247,31 @@ FLAT_CHECK_WIDTH = 2.0
 MASK_PROBE_ROWS = 16
 
 
+#: draws from the prior at which a diverged warm start looks for NaN log probabilities
+NAN_PRIOR_DRAWS = 16
+
+
+class _NanAtPrior(NamedTuple):
+    """The model's log probability is NaN at ``count`` of ``total`` prior draws, at the
+    ``sites`` (most often first): :meth:`UHAGuide._nan_sites_at_prior`."""
+
+    count: int
+    total: int
+    sites: list
+
+    @property
+    def sentence(self) -> str:
+        return (
+            f"The model's log density is NaN at {self.count} of {self.total} draws from its "
+            f"prior, from site(s) {self.sites}: a NaN in the model's own arithmetic "
+            "(0 * log(0), log of a negative number, inf - inf; e.g. y * log(p) + (1 - y) "
+            "* log(1 - p) where p rounds to 1), which no step size or learning rate "
+            "mends. Write it in log space (dist.Bernoulli(logits=...), "
+            "jax.nn.log_sigmoid, jax.scipy.special.xlogy, log1p) or declare the "
+            "support the expression needs."
+        )
+
+
 def _probe_near_q(oracle, loc, scale, rows):
     """The log density near q: at q's mean and ``rows`` − 1 draws from q at
     ``FLAT_CHECK_WIDTH`` times its marginal sds (one call of the setup's model program,
@@ -3329,6 +3434,15 @@ def _jit_once(cache: dict, impl, spec, *, quick=False, **static):
     if key not in cache:
         cache[key] = jax.jit(fn, compiler_options=quick_compiler_options() if quick else None)
     return cache[key]
+
+
+def _default_init_step_size(init_step_size, max_step_size, default):
+    """``init_step_size`` as given (a real number), or where ``None`` ``default``, or
+    half of ``max_step_size`` where that is smaller (a small ``max_step_size`` alone,
+    as the divergence errors advise, is enough)."""
+    if init_step_size is not None:
+        return _real("init_step_size", init_step_size)
+    return min(default, max_step_size / 2) if max_step_size > 0 else default
 
 
 def _check_step_sizes(init_step_size, max_step_size):

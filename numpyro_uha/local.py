@@ -80,6 +80,7 @@ from numpyro_uha.guide import (
     _check_frozen,
     _check_int,
     _check_step_sizes,
+    _default_init_step_size,
     _chunk_bucket,
     check_param_range,
     _chunkable,
@@ -318,7 +319,8 @@ class UHALocalGuide(AutoGuide):
             docs/how-to/local-latents.md).
         prefix: prefix of the guide's ``numpyro.param`` names.
         init_scale: initial sd of q_i (without an encoder).
-        init_step_size: initial ε, in (0, ``max_step_size``).
+        init_step_size: initial ε, in (0, ``max_step_size``); by default 0.02, or half of
+            ``max_step_size`` where that is smaller.
         max_step_size: ε_max; every ε(β_m) stays in (0, ε_max) (the paper caps ε at
             0.05 for its VAEs).
         min_momentum_scale: a floor on Σ's diagonal sds (``None``: any positive
@@ -374,7 +376,7 @@ class UHALocalGuide(AutoGuide):
         precondition: bool = False,
         prefix: str = "local",
         init_scale: float = 0.1,
-        init_step_size: float = 0.02,
+        init_step_size: float | None = None,
         max_step_size: float = 0.2,
         init_damping: float = 0.9,
         max_damping: float = 1.0,
@@ -389,7 +391,7 @@ class UHALocalGuide(AutoGuide):
         _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
         check_integrator(integrator)
         max_step_size = _real("max_step_size", max_step_size)
-        init_step_size = _real("init_step_size", init_step_size)
+        init_step_size = _default_init_step_size(init_step_size, max_step_size, 0.02)
         init_damping = _real("init_damping", init_damping)
         init_scale = _real("init_scale", init_scale)
         _check_step_sizes(init_step_size, max_step_size)

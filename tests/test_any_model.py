@@ -460,6 +460,64 @@ def _newton_root_model(x, y):
         numpyro.sample("y", dist.Normal(a + x, 1.0), obs=y)
 
 
+def _series_model():
+    # a series summed until its terms are small: the trip count depends on the latent,
+    # which reverse mode cannot differentiate (JAX's ValueError, at the guide's setup)
+    lam = numpyro.sample("lam", dist.Gamma(2.0, 1.0))
+    _, _, total = jax.lax.while_loop(
+        lambda c: c[1] > 1e-6 * c[2],
+        lambda c: (c[0] + 1.0, c[1] * lam / (c[0] + 1.0), c[2] + c[1] * lam / (c[0] + 1.0)),
+        (0.0, 1.0, 1.0),
+    )
+    numpyro.factor("series", -0.1 * jnp.log(total))
+    numpyro.sample("y", dist.Poisson(lam), obs=jnp.array([1, 3, 2, 4]))
+
+
+def test_a_while_loop_in_the_log_density_is_explained_at_setup():
+    guide = UHAGuide(_series_model, K=2, warm_start_steps=10)
+    svi = SVI(_series_model, guide, optax.adam(1e-2), Trace_ELBO())
+    with pytest.raises(ValueError, match="Reverse-mode differentiation") as info:
+        svi.init(jax.random.PRNGKey(0))
+    notes = getattr(info.value, "__notes__", [])
+    assert sum("jax.lax.while_loop" in note for note in notes) == 1
+
+
+@jax.custom_jvp
+def _host_softplus(x):
+    return jax.pure_callback(
+        lambda v: np.logaddexp(v, 0.0).astype(v.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype),
+        x, vmap_method="expand_dims",
+    )
+
+
+@_host_softplus.defjvp
+def _host_softplus_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    slope = jax.pure_callback(  # the derivative from the host too: not differentiable
+        lambda v: (1 / (1 + np.exp(-v))).astype(v.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype),
+        x, vmap_method="expand_dims",
+    )
+    return _host_softplus(x), slope * t
+
+
+def _host_rate_model(y):
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    numpyro.sample("y", dist.Poisson(_host_softplus(a) * jnp.ones(y.shape[0])), obs=y)
+
+
+def test_a_jvp_rule_that_calls_the_host_is_explained():
+    # UHA differentiates the gradient again (AutoNormal fits this model): JAX's error
+    # ("Please use jax.custom_jvp", which the model does) gets a note saying why
+    y = jnp.array([1.0, 0.0, 2.0, 1.0])
+    guide = UHAGuide(_host_rate_model, K=2, warm_start_steps=10)
+    svi = SVI(_host_rate_model, guide, optax.adam(1e-2), Trace_ELBO())
+    with pytest.raises(ValueError, match="callbacks do not support JVP") as info:
+        state = svi.init(jax.random.PRNGKey(0), y)
+        svi.update(state, y)
+    notes = getattr(info.value, "__notes__", [])
+    assert sum("differentiates the model's log density twice" in note for note in notes) == 1
+
+
 def test_a_while_loop_that_jax_cannot_differentiate_in_the_chain_is_explained():
     """A lax.while_loop feeding only a deterministic site: JAX's reverse mode through the
     chain's scan fails with an internal TypeError (AutoDAIS too); the error carries a

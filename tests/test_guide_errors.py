@@ -1,5 +1,6 @@
 """Bad input to UHAGuide gets a clear error that names the argument or the site."""
 
+import re
 import warnings
 
 import jax
@@ -123,6 +124,19 @@ def test_frozen_as_a_single_string(frozen, fixed):
 def test_valid_boundary_arguments_are_accepted():
     guide = UHAGuide(normal_model, K=np.int64(1), init_damping=0.0, num_leapfrog_steps=3)
     assert guide.K == 1 and 0.0 < guide.init_damping < 1e-3  # nudged inside (0, 1)
+
+
+def test_a_small_max_step_size_alone_lowers_the_default_initial_step():
+    # the divergence errors advise a smaller max_step_size; below the default initial ε
+    # it no longer needs init_step_size too
+    from numpyro_uha import UHALocalGuide
+
+    assert UHAGuide(normal_model).init_step_size == 0.25
+    assert UHAGuide(normal_model, max_step_size=0.01).init_step_size == 0.005
+    assert UHAGuide(normal_model, max_step_size=0.01, init_step_size=0.002).init_step_size == 0.002
+    assert UHALocalGuide(normal_model, max_step_size=0.01).init_step_size == 0.005
+    with pytest.raises(ValueError, match="init_step_size must satisfy"):
+        UHAGuide(normal_model, max_step_size=0.01, init_step_size=0.25)
 
 
 @pytest.mark.parametrize(
@@ -472,8 +486,50 @@ def test_diverging_training_warns_then_draws_raise(loss, progress_bar):
         )
     assert type(info.value) is UHADivergenceError
     assert "max_step_size" in str(info.value) and "init_params" in str(info.value)
+    assert "draws from its prior" not in str(info.value)  # its prior reaches no NaN
     assert info.value.params is guide.last_finite_params
     assert_all_finite(info.value.params)
+
+
+def naive_logistic(x, y):
+    """A logistic likelihood written by hand: in float32 p is exactly 1 where a + b x
+    passes about 17, and (1 - y) log(1 - p) is then 0 * -inf = NaN (at most of the
+    posterior's draws for these data)."""
+    a = numpyro.sample("a", dist.Normal(0.0, 5.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 5.0))
+    p = jax.nn.sigmoid(a + b * x)
+    numpyro.factor("loglik", jnp.sum(y * jnp.log(p) + (1 - y) * jnp.log(1 - p)))
+
+
+def _logistic_data():
+    rng = np.random.default_rng(3)
+    x = rng.normal(0.0, 3.0, size=60)
+    y = rng.uniform(size=60) < 1 / (1 + np.exp(-(0.5 + 3.0 * x)))
+    return jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)
+
+
+@pytest.mark.parametrize("warm_start_steps", [1000, 0])
+def test_a_nan_in_the_models_arithmetic_is_named_not_put_down_to_the_step_size(
+    warm_start_steps,
+):
+    # the warm start diverges and says why (the site whose log probability is NaN at
+    # draws from the prior); without a warm start the draws' error finds it; either
+    # way the error names the site instead of advising a smaller learning rate
+    x, y = _logistic_data()
+    guide = UHAGuide(naive_logistic, K=4, warm_start_steps=warm_start_steps)
+    svi = svi_for(naive_logistic, guide)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = svi.run(jax.random.PRNGKey(0), 50, x, y, progress_bar=False)
+    named = r"NaN at \d+ of 16 draws from its prior, from site\(s\) \['loglik'\]"
+    fallback = [str(w.message) for w in caught if "warm start diverged" in str(w.message)]
+    if warm_start_steps:
+        assert len(fallback) == 1 and re.search(named, fallback[0])
+    with pytest.raises(UHADivergenceError, match=named) as info:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            guide.sample_posterior(jax.random.PRNGKey(1), result.params, x, y, sample_shape=(200,))
+    assert "smaller learning rate" not in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -1901,6 +1901,27 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 "posterior samples with guide.sample_posterior(key, params, X, y, ...) and "
                 "pass them to Predictive(model, posterior_samples=...)."
             )
+        gone = [
+            name for name in self._init_locs
+            if name not in model_trace or model_trace[name]["type"] != "sample"
+            or model_trace[name]["is_observed"]
+        ]
+        if gone:
+            observed = [self._model_site(n) for n in gone if n in model_trace]
+            absent = [self._model_site(n) for n in gone if n not in model_trace]
+            said = []
+            if observed:
+                said.append(f"site(s) {observed} are observed in this call")
+            if absent:
+                said.append(f"site(s) {absent} are not in the model in this call")
+            raise ValueError(
+                f"UHAGuide: {' and '.join(said)}, but were latent when the guide was set "
+                "up (its q and chain are over them; a value passed for them now would be "
+                "ignored, the draws and log Z silently those of the model without it). "
+                "Call the guide with the arguments it was trained with (the data you "
+                "left out then, obs_mask as then), or set up and train a new guide with "
+                "these arguments."
+            )
         prototype = self.prototype_trace or {}
         changed = [
             (name, tuple(jnp.shape(prototype[name]["value"])), tuple(jnp.shape(site["value"])))

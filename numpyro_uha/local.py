@@ -833,6 +833,19 @@ class UHALocalGuide(AutoGuide):
                 "the data>, sample_shape=...) and pass them to Predictive(model, "
                 "posterior_samples=...) called without the data."
             )
+        gone = [
+            n for n in [*self._local_sites, *self._global_latents]
+            if n not in trace or trace[n]["type"] != "sample" or trace[n]["is_observed"]
+        ]
+        if gone:
+            raise ValueError(
+                f"UHALocalGuide: site(s) {gone} are observed (or gone) in this call but "
+                "were latent when the guide was set up: its chains and global guide are "
+                "over them, and a value passed for them now would be ignored (the draws "
+                "and log_z silently those of the model without it). Call the guide with "
+                "the arguments it was trained with, or set up and train a new guide with "
+                "these."
+            )
         size, subsample_size = trace[self._plate_name]["args"][:2]
         return size, size if subsample_size is None else subsample_size
 

@@ -791,3 +791,46 @@ def test_an_invalid_parameter_at_numpyros_first_values_says_why_and_what_to_do()
     start = init_to_value(values={"a": 0.0, "b": 0.0})
     guide = UHAGuide(negbin, K=2, warm_start_steps=50, init_loc_fn=start)
     svi_for(negbin, guide).init(jax.random.PRNGKey(0), x, y)
+
+
+def predictive_model(y, z=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+    numpyro.sample("z", dist.Normal(mu, 1.0), obs=z)  # latent where z is None
+
+
+def masked_model(y, mask=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y, obs_mask=mask)
+
+
+@pytest.mark.parametrize("case", ["observed now", "obs_mask left out"])
+def test_a_site_latent_at_setup_and_given_now_is_refused_not_ignored(case):
+    # before: the value given was ignored, the draws and log Z those of the model without
+    # it (z = 5 ignored: mu's draws were its posterior given y alone), silently
+    from numpyro_uha.evaluation import log_z
+
+    y = jnp.asarray([0.5, 1.0, 1.5, 2.0])
+    if case == "observed now":
+        model, trained, now, name = predictive_model, {}, {"z": 5.0}, "'z'"
+    else:
+        mask = jnp.asarray([True, False, True, True])
+        model, trained, now, name = masked_model, {"mask": mask}, {}, "'y_unobserved'"
+    guide = UHAGuide(model, K=2, warm_start_steps=0)
+    svi = svi_for(model, guide)
+    state = svi.init(jax.random.PRNGKey(0), y, **trained)
+    params = svi.get_params(state)
+    guide.sample_posterior(jax.random.PRNGKey(1), params, y, sample_shape=(4,), **trained)
+    match = rf"site\(s\) \[{name}\] are (observed|not in the model) in this call, but were latent"
+    for call in (
+        lambda: guide.sample_posterior(jax.random.PRNGKey(1), params, y, sample_shape=(4,), **now),
+        lambda: log_z(guide, jax.random.PRNGKey(1), params, y, num_draws=8, **now),
+        lambda: Predictive(model, guide=guide, params=params, num_samples=4)(
+            jax.random.PRNGKey(1), y, **now
+        ),
+        lambda: svi.update(state, y, **now),
+    ):
+        with pytest.raises(ValueError, match=match):
+            call()

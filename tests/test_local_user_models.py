@@ -274,3 +274,27 @@ def test_a_hand_set_param_outside_its_constraint_is_named(name, value):
     bad = dict(params, **{name: jnp.full_like(params[name], value)})
     with pytest.raises(ValueError, match=f"UHALocalGuide: params\\['{name}'\\] has a value {value:g} outside"):
         svi.run(jax.random.PRNGKey(1), 2, y, progress_bar=False, init_params=bad)
+
+
+def _points_with_a_local_that_can_be_observed(y, theta=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    with numpyro.plate("n", y.shape[0], subsample_size=4) as i:
+        z = numpyro.sample("z", dist.Normal(mu, 1.0), obs=None if theta is None else theta[i])
+        numpyro.sample("y", dist.Normal(z, 1.0), obs=y[i])
+
+
+def test_a_local_latent_at_setup_observed_now_is_refused_not_ignored():
+    # before: the local draws were bit-identical with and without theta given
+    y = jnp.linspace(-1.0, 2.0, 10)
+    model = _points_with_a_local_that_can_be_observed
+    guide = UHALocalGuide(model, K=2)
+    svi = SVI(model, guide, optax.adam(1e-2), Trace_ELBO())
+    state = svi.init(jax.random.PRNGKey(0), y)
+    params = svi.get_params(state)
+    theta = jnp.full(10, 5.0)
+    for call in (
+        lambda: guide.sample_posterior(jax.random.PRNGKey(1), params, y, theta, sample_shape=(3,)),
+        lambda: svi.update(state, y, theta),
+    ):
+        with pytest.raises(ValueError, match=r"site\(s\) \['z'\] are observed \(or gone\)"):
+            call()

@@ -48,6 +48,31 @@ def test_batched_map_matches_vmap(n, batch_size):
         np.testing.assert_array_equal(out[name], want[name])
 
 
+@pytest.mark.parametrize("n, batch_size", [(10, 5), (10, 4), (3, 8)])
+def test_batched_map_keeps_zero_size_outputs(n, batch_size):
+    # lax.map(batch_size=) infers a reshaped dimension, which an output of size 0 (a
+    # zero-size latent site's draws) cannot have: "integer modulo by zero"
+    out = batched_map(lambda x: (jnp.zeros((0,)), x + 1.0), jnp.arange(n, dtype=jnp.float32), batch_size)
+    assert out[0].shape == (n, 0)
+    np.testing.assert_array_equal(out[1], np.arange(n) + 1.0)
+
+
+def _zero_size_site_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    b = numpyro.sample("b", dist.Normal(jnp.zeros(0), 1.0).to_event(1))
+    numpyro.sample("y", dist.Normal(mu + b.sum(), 1.0), obs=y)
+
+
+def test_a_zero_size_latent_site_is_drawn():
+    y = jnp.asarray([0.5, 1.2, -0.3, 0.8])
+    guide = UHAGuide(_zero_size_site_model, K=2, warm_start_steps=0)
+    svi = SVI(_zero_size_site_model, guide, optax.adam(1e-2), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    draws = guide.sample_posterior(jax.random.PRNGKey(1), params, y, sample_shape=(10,))
+    assert draws["b"].shape == (10, 0) and draws["mu"].shape == (10,)
+    assert guide.median(params, y)["b"].shape == (0,)
+
+
 def _choleskys(jaxpr, in_scan=False):
     """(inside a scan?, operand shape) of every Cholesky in ``jaxpr``, nested ones too."""
     found = []

@@ -21,7 +21,8 @@ def batched_map(f, xs, batch_size: int):
     last batch are copies of the first ones, computed and dropped. So one ``scan``
     runs the batches in sequence and no batch runs beside another. Where
     ``batch_size`` divides ``n`` or ``n <= batch_size`` the computation is exactly
-    ``lax.map``'s. ``f`` must be pure (the copies are computed).
+    ``lax.map``'s (its steps, written out here). ``f`` must be pure (the copies are
+    computed).
     """
     n = jax.tree.leaves(xs)[0].shape[0]
     batch_size = max(1, min(int(batch_size), n))
@@ -30,7 +31,12 @@ def batched_map(f, xs, batch_size: int):
     pad = num_batches * width - n  # < num_batches <= n
     if pad:
         xs = jax.tree.map(lambda x: jnp.concatenate([x, x[:pad]]), xs)
-    ys = jax.lax.map(f, xs, batch_size=width)
+    # lax.map(f, xs, batch_size=width)'s own steps, with the shapes spelled out: its
+    # reshape of the outputs infers a dimension (-1), which fails for an output of size
+    # 0 (a zero-size latent site: "integer modulo by zero")
+    batches = jax.tree.map(lambda x: jnp.reshape(x, (num_batches, width) + x.shape[1:]), xs)
+    ys = jax.lax.map(jax.vmap(f), batches)
+    ys = jax.tree.map(lambda y: jnp.reshape(y, (num_batches * width,) + y.shape[2:]), ys)
     if pad:
         ys = jax.tree.map(lambda y: y[:n], ys)
     return ys

@@ -3154,7 +3154,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         """
         check_model_keywords(self._user_model, kwargs, self.median)
         return {
-            name: jnp.median(value, axis=0)
+            name: _draws_quantile(value, 0.5)
             for name, value in self._mc_draws(params, args, kwargs, num_samples, rng_key).items()
         }
 
@@ -3168,7 +3168,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         check_model_keywords(self._user_model, kwargs, self.quantiles)
         q = jnp.asarray(quantiles)
         return {
-            name: jnp.quantile(value, q, axis=0)
+            name: _draws_quantile(value, q)
             for name, value in self._mc_draws(params, args, kwargs, num_samples, rng_key).items()
         }
 
@@ -3181,6 +3181,17 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         # Every latent and deterministic site (all that sample_posterior returns), as
         # AutoNormal's median and quantiles do.
         return dict(samples)
+
+
+def _draws_quantile(value, q):
+    """The ``q`` quantile(s) of draws along their first axis: interpolated for real
+    values, and for integer and boolean ones (deterministic sites: a count, an index, a
+    flag) the draw at or below it, in the draws' own dtype."""
+    if jnp.issubdtype(value.dtype, jnp.inexact):
+        return jnp.quantile(value, q, axis=0)
+    at = jnp.quantile(value.astype(jnp.int32) if value.dtype == jnp.bool_ else value, q,
+                      axis=0, method="lower")
+    return at.astype(value.dtype)
 
 
 class _UnscaledJacobians(Messenger):

@@ -102,3 +102,30 @@ def test_closed_form_posterior_methods_say_what_to_use_instead(guides, method):
     args = () if method == "get_base_dist" else (params,)
     with pytest.raises(NotImplementedError, match="no closed form.*sample_posterior"):
         getattr(uha, method)(*args)
+
+
+def _counting_model(y):
+    w = numpyro.sample("w", dist.Normal(jnp.zeros(3), 1.0).to_event(1))
+    numpyro.deterministic("best", jnp.argmax(w))  # an index: int32
+    numpyro.deterministic("positive", w[0] > 0)  # a flag: bool
+    numpyro.sample("y", dist.Normal(w.sum(), 1.0), obs=y)
+
+
+def test_integer_and_boolean_sites_keep_their_dtype_and_take_a_draws_value():
+    # (before, their median and quantiles came back as float32, a median of 0.5 possible)
+    y = jnp.asarray(0.3)
+    guide = UHAGuide(_counting_model, K=2, warm_start_steps=0)
+    svi = SVI(_counting_model, guide, optax.adam(1e-2), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    draws = guide.sample_posterior(jax.random.PRNGKey(0), params, y, sample_shape=(1000,))
+    median = guide.median(params, y)
+    quantiles = guide.quantiles(params, [0.1, 0.9], y)
+    for name, dtype in (("best", jnp.int32), ("positive", jnp.bool_)):
+        assert draws[name].dtype == dtype
+        assert median[name].dtype == dtype and quantiles[name].dtype == dtype
+        values = np.asarray(draws[name]).astype(int)
+        assert int(median[name]) == np.quantile(values, 0.5, method="lower")
+        np.testing.assert_array_equal(
+            np.asarray(quantiles[name]).astype(int), np.quantile(values, [0.1, 0.9], method="lower")
+        )
+    np.testing.assert_allclose(median["w"], np.median(np.asarray(draws["w"]), axis=0), rtol=1e-6)

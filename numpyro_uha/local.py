@@ -81,6 +81,7 @@ from numpyro_uha.guide import (
     _check_int,
     _check_step_sizes,
     _default_init_step_size,
+    _draws_quantile,
     _chunk_bucket,
     check_param_range,
     _chunkable,
@@ -1664,7 +1665,7 @@ class UHALocalGuide(AutoGuide):
         each data point's chain targets p(x_i, z_i)."""
         check_model_keywords(self._written_model, kwargs, self.median)
         draws = self._mc_draws(params, args, kwargs, num_samples, rng_key, subsample_idx)
-        return {name: jnp.median(value, axis=0) for name, value in draws.items()}
+        return {name: _draws_quantile(value, 0.5) for name, value in draws.items()}
 
     def quantiles(
         self, params, quantiles, *args, num_samples=1000, rng_key=None, subsample_idx=None,
@@ -1675,7 +1676,7 @@ class UHALocalGuide(AutoGuide):
         check_model_keywords(self._written_model, kwargs, self.quantiles)
         q = jnp.asarray(quantiles)
         draws = self._mc_draws(params, args, kwargs, num_samples, rng_key, subsample_idx)
-        return {name: jnp.quantile(value, q, axis=0) for name, value in draws.items()}
+        return {name: _draws_quantile(value, q) for name, value in draws.items()}
 
     def _mc_draws(self, params, args, kwargs, num_samples, rng_key, subsample_idx):
         _check_int("num_samples", num_samples, 1)

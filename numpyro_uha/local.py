@@ -1321,6 +1321,11 @@ class UHALocalGuide(AutoGuide):
                     "their initial values; pass all the fitted parameters, "
                     "svi.get_params(state) or svi.run(...).params."
                 )
+        specs = self._specs()
+        for short in self._init_values:
+            name = f"{self.prefix}_{short}"
+            if short in specs and not _is_tracer(params[name]):
+                check_param_range("UHALocalGuide", name, short, params[name], specs[short])
         if self.encoder is None:
             rows = jnp.shape(params[f"{self.prefix}_loc"])[0]
             if rows != size:

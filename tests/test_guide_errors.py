@@ -321,6 +321,21 @@ def test_params_on_their_constraints_bounds_are_accepted(initialized):
         Predictive(normal_model, guide=guide, params=edge, num_samples=3)(jax.random.PRNGKey(0), Y)
 
 
+def test_a_step_at_a_cap_that_float32_rounds_up_is_accepted_and_extrapolated():
+    # float32(0.3) is 0.30000001 (above the cap 0.3); extrapolate rescales a step at its
+    # cap by a float64 factor: both are the fit's own values, not values set by hand
+    guide = UHAGuide(normal_model, K=4, warm_start_steps=0, max_step_size=0.3)
+    svi = svi_for(normal_model, guide)
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y))
+    at_cap = dict(params, auto_step_size=jnp.float32(0.3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # (whether the draws diverge at these steps is not the question here)
+        guide.sample_posterior(jax.random.PRNGKey(0), at_cap, Y, sample_shape=(3,), nonfinite="keep")
+        new, new_params = guide.extrapolate(at_cap, 16)
+        new.sample_posterior(jax.random.PRNGKey(0), new_params, Y, sample_shape=(3,), nonfinite="keep")
+
+
 def test_params_are_checked_again_when_they_change_in_place_or_are_replaced(initialized):
     """The check's result is remembered for the last params seen, by identity of their
     (immutable) JAX arrays only: NumPy params changed in place, and a new JAX array in

@@ -272,8 +272,17 @@ def test_a_hand_set_param_outside_its_constraint_is_named(name, value):
     svi = SVI(_mean_and_points, guide, optax.adam(1e-2), Trace_ELBO())
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
     bad = dict(params, **{name: jnp.full_like(params[name], value)})
-    with pytest.raises(ValueError, match=f"UHALocalGuide: params\\['{name}'\\] has a value {value:g} outside"):
+    match = f"UHALocalGuide: params\\['{name}'\\] has a value {value:g} outside"
+    with pytest.raises(ValueError, match=match):
         svi.run(jax.random.PRNGKey(1), 2, y, progress_bar=False, init_params=bad)
+    with pytest.raises(ValueError, match=match):  # the draws' program is traced: on the host
+        guide.sample_posterior(jax.random.PRNGKey(1), bad, y, sample_shape=(3,), subsample_idx=jnp.arange(4))
+    # a value on its bound, as float32 rounds it (0.7 is 0.69999999), passes
+    floor = UHALocalGuide(_mean_and_points, K=2, min_momentum_scale=0.7)
+    svi = SVI(_mean_and_points, floor, optax.adam(1e-2), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    on_floor = dict(params, local_momentum_scale=jnp.full_like(params["local_momentum_scale"], 0.7))
+    floor.sample_posterior(jax.random.PRNGKey(1), on_floor, y, sample_shape=(3,), subsample_idx=jnp.arange(4))
 
 
 def _points_with_a_local_that_can_be_observed(y, theta=None):

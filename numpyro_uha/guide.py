@@ -1235,9 +1235,18 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 # finds it compiled
                 rows = jax.ShapeDtypeStruct((width, loc.shape[-1]), loc.dtype)
                 program.lower(rows, arrays, model_params).compile()
+            call = lambda zs: program(zs, arrays, model_params)  # noqa: E731
+            rows = jax.ShapeDtypeStruct((width, loc.shape[-1]), loc.dtype)
+            if "callback" in str(program.trace(rows, arrays, model_params).jaxpr):
+                # a model calling the host (jax.pure_callback, which needs the GIL): each
+                # call waited for (its results are the next step's input anyway); with
+                # several queued, the callback could wait on a thread holding the GIL
+                # while it waits for a free slot (XLA:CPU bounds the executions in
+                # flight): a hang at 0 % CPU, seen once in a test of a custom_jvp rule
+                # calling the host. Other models keep the overlap (0.6 s of setup).
+                call = lambda zs: jax.block_until_ready(program(zs, arrays, model_params))  # noqa: E731
             oracle = difference_oracle(
-                lambda zs: program(zs, arrays, model_params), width,
-                step_device=_step_device(self.warm_start_device),
+                call, width, step_device=_step_device(self.warm_start_device),
             )
         if precompiling is not None:
             precompiling.join()
@@ -3297,10 +3306,13 @@ class _NanAtPrior(NamedTuple):
             f"The model's log density is NaN at {self.count} of {self.total} draws from its "
             f"prior, from site(s) {self.sites}: a NaN in the model's own arithmetic "
             "(0 * log(0), log of a negative number, inf - inf; e.g. y * log(p) + (1 - y) "
-            "* log(1 - p) where p rounds to 1), which no step size or learning rate "
-            "mends. Write it in log space (dist.Bernoulli(logits=...), "
-            "jax.nn.log_sigmoid, jax.scipy.special.xlogy, log1p) or declare the "
-            "support the expression needs."
+            "* log(1 - p) where p rounds to 1, or a rate exp(...) that overflows), "
+            "which a chain that reaches it cannot leave, whatever its step size. Where "
+            "the posterior lies there, write the expression in log space "
+            "(dist.Bernoulli(logits=...), jax.nn.log_sigmoid, "
+            "jax.scipy.special.xlogy, log1p) or declare the support it needs; where only "
+            "a vague prior reaches it, standardized covariates or a tighter prior keep "
+            "the chains away, and so may a smaller learning rate or max_step_size."
         )
 
 
@@ -3498,6 +3510,13 @@ def _check_decenter(decenter, init_from):
                 f"decenter must be 'auto', False or a list of site names, got {decenter!r}."
             )
         return False if init_from is not None else "auto"
+    if decenter is True or not isinstance(decenter, (list, tuple, set, frozenset, np.ndarray)):
+        raise ValueError(
+            "decenter must be 'auto' (non-center each centered hierarchical site where "
+            "that fits better), False, or a list of site names, got "
+            f"{decenter!r} (UHALocalGuide's decenter=True has no counterpart here: "
+            "'auto' finds the sites)."
+        )
     names = tuple(decenter)
     if not all(isinstance(n, str) for n in names):
         raise ValueError(f"decenter: site names must be strings, got {names!r}.")

@@ -1750,7 +1750,8 @@ class UHALocalGuide(AutoGuide):
         idx = np.arange(log_w.shape[1]) if subsample_idx is None else np.asarray(subsample_idx)
         heavy = np.array([_khat_counts_of(k, column_w) for k, column_w in zip(khat, log_w.T)])
         _warn_if_points_fit_poorly(
-            heavy, column("num_nonfinite"), log_w.shape[0], idx, self.per_data_point
+            heavy, column("num_nonfinite"), log_w.shape[0], idx, self.per_data_point,
+            column("ess"),
         )
         return LocalLogZ(
             log_z=iw,
@@ -2065,17 +2066,22 @@ def _warn_if_globals_missed(khat, ess, num_draws, log_w=None):
         )
 
 
-def _warn_if_points_fit_poorly(heavy, num_nonfinite, num_samples, idx, per_data_point):
+def _warn_if_points_fit_poorly(heavy, num_nonfinite, num_samples, idx, per_data_point, ess):
     """:class:`~numpyro_uha.UHAFitWarning` naming the data points whose weights say
     their q_i and chain fit poorly: Pareto k̂ ≥ ``KHAT_BAD`` (``heavy``, per data point,
     from :func:`_khat_counts_of`: an ``inf`` k̂ from too few draws, or weights all within
-    a factor of two of their mean, do not count) or more than 10 % of the draws
-    diverged."""
+    a factor of two of their mean, do not count), an effective sample size ``ess`` under
+    ``ESS_FRACTION_BAD`` of the chains (as ``global_log_z``'s rule: a tail so far out
+    that k̂'s fit has too few weights to be finite shows there), or more than 10 % of
+    the chains diverged."""
     heavy = np.asarray(heavy, bool)
+    few = np.asarray(ess) < ESS_FRACTION_BAD * num_samples
     diverging = num_nonfinite > 0.1 * num_samples
     problems = []
     for flags, what in [
         (heavy, f"Pareto k̂ ≥ {KHAT_BAD} (their log_z is lower-biased and its se too small)"),
+        (few, f"an effective sample size under {100 * ESS_FRACTION_BAD:g} % of the chains "
+              "(the same)"),
         (diverging, "more than 10 % of the chains diverged"),
     ]:
         if flags.any():

@@ -48,7 +48,7 @@ def test_batched_map_matches_vmap(n, batch_size):
         np.testing.assert_array_equal(out[name], want[name])
 
 
-@pytest.mark.parametrize("n, batch_size", [(10, 5), (10, 4), (3, 8)])
+@pytest.mark.parametrize("n, batch_size", [(10, 5), (10, 4), (3, 8), (0, 4)])
 def test_batched_map_keeps_zero_size_outputs(n, batch_size):
     # lax.map(batch_size=) infers a reshaped dimension, which an output of size 0 (a
     # zero-size latent site's draws) cannot have: "integer modulo by zero"

@@ -16,7 +16,7 @@ import pytest
 from numpyro import handlers
 from numpyro.infer import SVI, Predictive, Trace_ELBO
 
-from numpyro_uha import UHADivergenceWarning, UHALocalGuide
+from numpyro_uha import UHADivergenceWarning, UHAFitWarning, UHALocalGuide
 from test_local import N, X, _narrow_setup, conjugate_model
 
 ALPHA = jnp.array([1.0, 2.0, 0.5, 1.5])
@@ -307,3 +307,28 @@ def test_a_local_latent_at_setup_observed_now_is_refused_not_ignored():
     ):
         with pytest.raises(ValueError, match=r"site\(s\) \['z'\] are observed \(or gone\)"):
             call()
+
+
+def _wide_prior_narrow_noise(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("n", y.shape[0], subsample_size=4) as i:
+        z = numpyro.sample("z", dist.Normal(mu, 10.0))
+        numpyro.sample("y", dist.Normal(z, 0.01), obs=y[i])
+
+
+def test_a_tail_too_far_out_for_khat_is_warned_by_its_effective_sample_size():
+    # untrained q_i a thousand times wider than z_i's posterior: each point's weights
+    # span thousands of nats (ESS 1 of 200); at the last two points so few weights are
+    # above the float underflow that k̂ comes out inf ("too few draws") and was not counted
+    y = jnp.linspace(-3.0, 3.0, 10)
+    guide = UHALocalGuide(_wide_prior_narrow_noise, K=2)
+    svi = SVI(_wide_prior_narrow_noise, guide, optax.adam(1e-2), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    with pytest.warns(UHAFitWarning) as caught:
+        result = guide.log_z(
+            jax.random.PRNGKey(2), params, y, num_samples=200, subsample_idx=jnp.arange(6, 10),
+            global_values={"mu": 0.0},
+        )
+    assert np.isinf(result.pareto_khat[2:]).all() and (result.ess < 10).all()
+    message = next(str(w.message) for w in caught if "effective sample size" in str(w.message))
+    assert "under 5 % of the chains (the same) at 4 data point(s) [6, 7, 8, 9]" in message

@@ -25,6 +25,8 @@ def batched_map(f, xs, batch_size: int):
     computed).
     """
     n = jax.tree.leaves(xs)[0].shape[0]
+    if n == 0:  # no batches: lax.map's empty outputs
+        return jax.lax.map(f, xs)
     batch_size = max(1, min(int(batch_size), n))
     num_batches = -(-n // batch_size)
     width = -(-n // num_batches)

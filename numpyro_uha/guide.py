@@ -1716,9 +1716,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         at some of :data:`NAN_PRIOR_DRAWS` draws of the latent sites from their prior
         (observed sites at their data), as a :class:`_NanAtPrior`; ``None`` where there
         are none, or the prior cannot be drawn from (an improper prior). A NaN there is
-        in the model's own arithmetic (0 · log 0, log of a negative number, inf − inf),
-        which no step size or learning rate mends, and which every gradient-based
-        method meets (NUTS diverges, AutoNormal fails)."""
+        in the model's own arithmetic (0 · log 0, log of a negative number, inf − inf,
+        an overflowing exp), which a chain that reaches it cannot leave; where the
+        posterior lies there no step size mends it (NUTS diverges, AutoNormal fails at
+        initialization), where only a vague prior reaches it the chains may stay away."""
         model = self._user_model
         if model_params:
             model = handlers.substitute(model, data=model_params)

@@ -200,12 +200,20 @@ def _warn_if_poor_fit(
     if khat is None:
         khat = psis_khat(np.where(finite, log_w, -np.inf))
     se = float(np.std(log_w[finite], ddof=1) / math.sqrt(np.sum(finite)))
-    spread = float(np.max(log_w[finite]) - np.mean(log_w[finite]))
+    spread = log_spread(log_w)
     _warn_poor_fit(
         khat, se, int(np.sum(finite)), log_w.size, where, stacklevel + 1, also, advice,
         spread=spread,
     )
     return khat
+
+
+def log_spread(log_w):
+    """The largest finite log weight less the finite ones' mean (``None`` where none is
+    finite): the ``spread`` of :func:`khat_counts`."""
+    log_w = np.asarray(log_w, np.float64)
+    finite = log_w[np.isfinite(log_w)]
+    return float(np.max(finite) - np.mean(finite)) if finite.size else None
 
 
 def khat_counts(khat, num_finite, size, spread) -> bool:

@@ -1229,14 +1229,13 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         else:
             program = self._program(self._oracle_impl, spec)
             width = self._setup_width(kind)
+            rows = jax.ShapeDtypeStruct((width, loc.shape[-1]), loc.dtype)
             if precompiling is not None and precompiling.is_alive():
                 # the model's one program, compiled now, beside the model-free steps'
                 # rehearsal (XLA releases the GIL while it compiles); the call below
                 # finds it compiled
-                rows = jax.ShapeDtypeStruct((width, loc.shape[-1]), loc.dtype)
                 program.lower(rows, arrays, model_params).compile()
             call = lambda zs: program(zs, arrays, model_params)  # noqa: E731
-            rows = jax.ShapeDtypeStruct((width, loc.shape[-1]), loc.dtype)
             if "callback" in str(program.trace(rows, arrays, model_params).jaxpr):
                 # a model calling the host (jax.pure_callback, which needs the GIL): each
                 # call waited for (its results are the next step's input anyway); with
@@ -1282,18 +1281,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 )
         except Exception:  # noqa: BLE001 - a diagnosis only: no names rather than a failure
             return []
-        names = []
-        for name, site in trace.items():
-            if site["type"] != "sample":
-                continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                log_prob = np.asarray(site["fn"].log_prob(site["value"]))
-            if site.get("mask") is not None:
-                log_prob = np.where(np.asarray(site["mask"]), log_prob, 0.0)
-            if np.any(log_prob == -np.inf):
-                names.append(self._model_site(name))
-        return names
+        return [
+            self._model_site(name) for name, log_prob in _site_log_probs(trace)
+            if np.any(log_prob == -np.inf)
+        ]
 
     def _warn_if_ruled_out(self):
         """Warn (:class:`~numpyro_uha.UHASupportWarning`) where the setup found points
@@ -1732,15 +1723,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     trace = handlers.trace(handlers.seed(model, seed)).get_trace(
                         *args, **kwargs
                     )
-                    found = []
-                    for name, site in trace.items():
-                        if site["type"] != "sample" or site.get("infer", {}).get("enumerate"):
-                            continue
-                        log_prob = np.asarray(site["fn"].log_prob(site["value"]))
-                        if site.get("mask") is not None:
-                            log_prob = np.where(np.asarray(site["mask"]), log_prob, 0.0)
-                        if np.any(np.isnan(log_prob)):
-                            found.append(name)
+                    found = [
+                        name for name, log_prob in _site_log_probs(trace, enumerated=False)
+                        if np.any(np.isnan(log_prob))
+                    ]
             except Exception:  # noqa: BLE001 - a diagnosis only (improper priors, ...)
                 return None
             nan_draws += bool(found)
@@ -3287,6 +3273,23 @@ class _RuledOut(NamedTuple):
 FLAT_CHECK_WIDTH = 2.0
 #: points of the probe for masked-out latent entries to complete (UHAGuide._masked_flat_entries)
 MASK_PROBE_ROWS = 16
+
+
+def _site_log_probs(trace, enumerated=True):
+    """``(name, log probability)`` of each sample site of a model ``trace`` (host arrays,
+    masked-out entries 0; NumPyro's out-of-support warnings silenced), for the setup's
+    diagnoses; without ``enumerated``, sites marked for enumeration are left out."""
+    for name, site in trace.items():
+        if site["type"] != "sample" or (
+            not enumerated and site.get("infer", {}).get("enumerate")
+        ):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            log_prob = np.asarray(site["fn"].log_prob(site["value"]))
+        if site.get("mask") is not None:
+            log_prob = np.where(np.asarray(site["mask"]), log_prob, 0.0)
+        yield name, log_prob
 
 
 #: draws from the prior at which a diverged warm start looks for NaN log probabilities

@@ -71,7 +71,7 @@ from numpyro_uha._divergence import (
     diverged,
     gate,
 )
-from numpyro_uha._weights import KHAT_BAD, khat_counts, psis_khat
+from numpyro_uha._weights import KHAT_BAD, khat_counts, log_spread, psis_khat
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import (
     GROUPS,
@@ -2026,9 +2026,8 @@ def _khat_counts_of(khat, log_w) -> bool:
     -inf: zero weights): a k̂ ≥ ``KHAT_BAD`` is a poor fit unless every weight is
     finite and none is more than twice their geometric mean."""
     log_w = np.asarray(log_w, np.float64)
-    finite = np.isfinite(log_w)
-    spread = float(np.max(log_w[finite]) - np.mean(log_w[finite])) if finite.any() else None
-    return khat_counts(float(khat), int(finite.sum()), log_w.size, spread)
+    num_finite = int(np.isfinite(log_w).sum())
+    return khat_counts(float(khat), num_finite, log_w.size, log_spread(log_w))
 
 
 def _warn_if_globals_missed(khat, ess, num_draws, log_w=None):

@@ -153,7 +153,8 @@ STABILITY_FRACTION = 0.75
 FULL_RANK_MAX_DIM = 32
 
 #: Draws from q (besides its mean) where the stability ceiling's curvature is taken: with
-#: the mean, one Hessian-vector-product call of the warm start's width.
+#: the mean, 65 points, whose central differences are 130 rows, six calls of the
+#: setup's :data:`SETUP_ROWS` per Lanczos iteration.
 CURVATURE_DRAWS = HVP_ROWS - 1
 
 #: Those draws are from q widened this many times: the chain's draws reach past q's bulk
@@ -2860,7 +2861,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             f"q's ELBO is {start:.4g} ± {start_se:.2g}. The draws may be far from the "
             "posterior. This happens when the learning rate is too high for the annealing "
             "parameters (they drift until the dynamics break down): train with a smaller "
-            "learning rate (e.g. optax.adam(1e-2) or 1e-3). If UHA is below q already "
+            "learning rate, several times below this fit's (e.g. optax.adam(1e-3) where "
+            "1e-2 was used, 1e-4 where 1e-3 was). If UHA is below q already "
             "before training and a smaller rate does not help, its leapfrog steps are "
             "too large for this posterior (a strongly correlated one: the momentum's "
             "scales are per coordinate): pass init_step_size at half (or less) of the "
@@ -3361,8 +3363,9 @@ def _curvature(oracle, loc, scale):
     ``CURVATURE_WIDTH`` times (the curvature in q's tails can be several times that at
     its mean: hierarchical scales, heavy tails, noise scales) and
     λ_max(S Σ_q⁻¹ S) (q's part of the bridge, 1 for a diagonal q), S = diag(s), s = q's
-    marginal sds; by power iteration, all points' Hessian-vector products in one
-    ``oracle`` call per iteration; traceable."""
+    marginal sds; by Lanczos iterations (:func:`~numpyro_uha.core.warm_start.max_curvature`),
+    all points' Hessian-vector products in one ``oracle`` call per iteration;
+    traceable."""
     _, host = resolve_oracle(None, oracle, loc, scale)
     points, s = _curvature_points(loc, scale, host=host)
     return _curvature_max(max_curvature(None, points, s, oracle=oracle), scale, host=host)
@@ -3419,7 +3422,7 @@ def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size):
 
     The leapfrog is stable on a quadratic target only while ε · sqrt(λ_max) < 2 for the
     Hessian in the step's units; at a point, in units of s, λ (``lam``) is found by
-    power iteration on Hessian-vector products (:func:`_curvature`). The ceiling is
+    Lanczos iterations on Hessian-vector products (:func:`_curvature`). The ceiling is
     ``STABILITY_FRACTION`` · 2 / sqrt(λ): learning rates that random-walk ε, δ and Σ for
     thousands of steps cannot push the dynamics over that cliff. Not finite (no
     ceiling) where λ is not (``nan`` where the setup runs inside a JAX transform).

@@ -574,35 +574,88 @@ def curvature_scale(
     return _curvature_finish(diag, fallback, host=host)
 
 
-@small_jit()
-def _power_step(v, hv, scale):
-    """One power iteration of S H S (H = −∇² log p̄) from the products ``hv`` = ∇² log p̄
-    · (S v): the next unit vectors, the norms, and the next products' inputs S v."""
-    w = -scale * hv
-    norm = jnp.linalg.norm(w, axis=-1)
-    v = w / jnp.where(norm > 0, norm, 1.0)[..., None]
-    return v, norm, scale * v
+#: Most Lanczos iterations :func:`max_curvature` takes (each one Hessian-vector product
+#: per point); where the concrete loop runs in Python it stops earlier, once every
+#: point's estimate has changed by less than :data:`CURVATURE_RTOL` (relative) on two
+#: iterations in a row, and it never takes more than the dimension (the Krylov space is
+#: then the whole space: the estimate is exact up to rounding).
+CURVATURE_ITERS = 30
+
+#: See :data:`CURVATURE_ITERS`. The step ceiling is a fraction of 2/sqrt(λ): an estimate
+#: settled to 1e-3 moves the ceiling by 5e-4 of itself.
+CURVATURE_RTOL = 1e-3
 
 
-@small_jit()
-def _power_begin(z, scale):
-    """The rows ``z`` as a batch, and the power iteration's first carry (unit vectors,
-    norms, S v): one program, not an eager operation each."""
+@small_jit(static_argnums=(2,))
+def _lanczos_begin(z, scale, iters):
+    """The rows ``z`` as a batch, the Lanczos carry (previous and current unit vectors,
+    the tridiagonal's diagonal α and off-diagonal β so far, and whether each row's
+    Krylov space stopped growing) and the first products' inputs S v. The
+    start vectors are random (a fixed key): a fixed start such as the normalized ones
+    vector is orthogonal to a contrast's eigenvector (z₁ − z₂ on two collinear
+    coefficients), which power iteration and Lanczos then never find."""
     zs = jnp.atleast_2d(z)
-    v0 = jnp.ones_like(zs) / jnp.sqrt(zs.shape[-1])
-    return zs, (v0, jnp.zeros(zs.shape[0], zs.dtype), scale * v0)
+    n = zs.shape[0]
+    v0 = jax.random.normal(jax.random.PRNGKey(0), zs.shape, zs.dtype)
+    v0 = v0 / jnp.linalg.norm(v0, axis=-1, keepdims=True)
+    zeros = jnp.zeros((n, iters), zs.dtype)
+    carry = (jnp.zeros_like(zs), v0, zeros, zeros, jnp.zeros(n, bool))
+    return zs, carry, scale * v0
+
+
+@small_jit()
+def _lanczos_step(carry, hv, scale, j):
+    """Lanczos iteration ``j`` on A = S H S (H = −∇² log p̄) from the products ``hv`` =
+    ∇² log p̄ · (S v_j), every row at once: α_j, β_j, v_(j+1) by the three-term recurrence
+    (no full reorthogonalization: lost orthogonality repeats converged Ritz values, it
+    does not move the extreme ones past the spectrum), and the estimate max |θ| over the
+    Ritz values θ of the j + 1 by j + 1 tridiagonal. A row whose β_j vanishes (its
+    Krylov space is invariant: an isotropic A after one step) is done, its estimate
+    exact; it keeps its vectors (the oracle then differences a nonzero vector) and its
+    α and β, so its estimate stays. Returns the carry, the next inputs S v_(j+1), and the estimates."""
+    v_prev, v, alpha, beta, done = carry
+    iters = alpha.shape[-1]
+    w = -scale * hv
+    a = jnp.sum(v * w, axis=-1)
+    b_prev = jnp.where(j > 0, jnp.take(beta, jnp.maximum(j - 1, 0), axis=-1), 0.0)
+    w = w - a[:, None] * v - b_prev[:, None] * v_prev
+    w = w - jnp.sum(w * v, axis=-1)[:, None] * v  # one local reorthogonalization
+    b = jnp.linalg.norm(w, axis=-1)
+    index = jnp.arange(iters)
+    alpha = jnp.where(done[:, None], alpha, jnp.where(index == j, a[:, None], alpha))
+    beta = jnp.where(done[:, None], beta, jnp.where(index == j, b[:, None], beta))
+    keep = index <= j
+    diagonal = jnp.where(keep, alpha, 0.0)
+    off = jnp.where(index[:-1] < j, beta[:, :-1], 0.0)
+    tridiagonal = (
+        jax.vmap(jnp.diag)(diagonal)
+        + jax.vmap(lambda o: jnp.diag(o, 1))(off)
+        + jax.vmap(lambda o: jnp.diag(o, -1))(off)
+    )
+    theta = jnp.linalg.eigvalsh(tridiagonal)
+    estimate = jnp.maximum(jnp.abs(theta[:, 0]), jnp.abs(theta[:, -1]))
+    scale_of = jnp.maximum(jnp.abs(a), estimate)
+    stop = ~done & (b <= 1e-6 * scale_of)
+    v_next = w / jnp.where(b > 0, b, 1.0)[:, None]
+    new_prev = jnp.where((done | stop)[:, None], v_prev, v)
+    new_v = jnp.where((done | stop)[:, None], v, v_next)
+    return (new_prev, new_v, alpha, beta, done | stop), scale * new_v, estimate
 
 
 def max_curvature(
     logdensity_fn: Callable[[jax.Array], jax.Array] | None,
     z: jax.Array,
     scale: jax.Array,
-    num_iters: int = 30,
+    num_iters: int = CURVATURE_ITERS,
     *,
     oracle: RowsOracle | None = None,
 ) -> jax.Array:
     """The largest |eigenvalue| of S H S, H = -∇² log p̄ at ``z``, S = diag(``scale``),
-    by power iteration on Hessian-vector products (``num_iters`` of them).
+    by Lanczos iterations on Hessian-vector products (at most ``num_iters`` of them, and
+    at most the dimension; in a Python loop, fewer once the estimates settle, see
+    :data:`CURVATURE_ITERS`). Lanczos' extreme Ritz values converge far faster than
+    power iteration's norms (thirty power iterations took 14 of a 37 s setup on a
+    10⁵-point regression, where the Ritz values settle in a few).
 
     ``z`` may be a batch of points ``(n, d)`` (one iteration each, the products of all
     rows in one oracle call); the result then has shape ``(n,)``. The leapfrog with
@@ -610,13 +663,26 @@ def max_curvature(
     only while ε · sqrt(λ_max(S H S)) < 2.
     """
     oracle, host = resolve_oracle(logdensity_fn, oracle, z, scale)
-    zs, carry = _power_begin(z, scale, host=host)
+    iters = max(1, min(int(num_iters), z.shape[-1]))
+    zs, carry, sv = _lanczos_begin(z, scale, iters, host=host)
+    if host is False:
+        def body(j, state):
+            carry, sv, _ = state
+            return _lanczos_step(carry, oracle.hvp(zs, sv), scale, j, host=host)
 
-    def body(_, carry):
-        v, _, sv = carry
-        return _power_step(v, oracle.hvp(zs, sv), scale, host=host)
-
-    _, lam, _ = _loop(host, num_iters, body, carry)
+        _, _, lam = jax.lax.fori_loop(0, iters, body, (carry, sv, jnp.zeros(zs.shape[0], zs.dtype)))
+    else:
+        previous, settled = None, 0
+        for j in range(iters):
+            carry, sv, lam = _lanczos_step(carry, oracle.hvp(zs, sv), scale, np.int32(j), host=host)
+            current = np.asarray(lam)
+            if previous is not None:
+                change = np.abs(current - previous)
+                quiet = ~np.isfinite(current) | (change <= CURVATURE_RTOL * np.abs(current))
+                settled = settled + 1 if np.all(quiet) else 0
+                if settled >= 2:
+                    break
+            previous = current
     return lam if z.ndim == 2 else lam[0]
 
 

@@ -26,6 +26,8 @@ import pytest
 
 from numpyro_uha.core import fit_gaussian
 from numpyro_uha.core.warm_start import (
+    CURVATURE_ITERS,
+    _lanczos_step,
     _fit_starts,
     curvature_scale,
     difference_oracle,
@@ -145,6 +147,86 @@ def test_batched_power_iteration_matches_each_point():
         h = -jax.hessian(logistic)(z)
         exact = np.linalg.eigvalsh(np.asarray(scale[:, None] * h * scale[None, :]))[-1]
         np.testing.assert_allclose(lam, exact, rtol=1e-3)
+
+
+def _quadratic(eigenvalues, vectors):
+    precision = jnp.asarray((vectors * eigenvalues) @ vectors.T, jnp.float32)
+    return lambda z: -0.5 * z @ precision @ z
+
+
+def test_max_curvature_finds_a_contrast_the_ones_vector_misses():
+    # the largest eigenvalue's eigenvector z1 - z2 is orthogonal to (1, ..., 1): power
+    # iteration from the normalized ones vector stayed at the next eigenvalue (1)
+    d = 6
+    u = np.zeros(d)
+    u[:2] = [1.0, -1.0]
+    q, _ = np.linalg.qr(np.column_stack([u, np.eye(d)[:, 1:]]))
+    eigenvalues = np.r_[100.0, np.ones(d - 1)]
+    lam = max_curvature(None, jnp.zeros((3, d)), jnp.ones(d), oracle=rows_oracle(_quadratic(eigenvalues, q)))
+    np.testing.assert_allclose(lam, 100.0, rtol=1e-3)
+
+
+def test_max_curvature_settles_in_fewer_products_than_its_cap():
+    # a wide spectrum (condition number 400) in 200 dimensions: the estimate within 1 %
+    # of the largest eigenvalue, stopping early on every row together
+    rng = np.random.default_rng(0)
+    d = 200
+    q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    eigenvalues = np.exp(rng.uniform(-3.0, 3.0, d))
+    oracle = rows_oracle(_quadratic(eigenvalues, q))
+    calls = []
+
+    def hvp(zs, vs):
+        calls.append(1)
+        return oracle.hvp(zs, vs)
+
+    counted = oracle._replace(hvp=hvp)
+    points = jnp.asarray(rng.normal(size=(5, d)), jnp.float32)
+    lam = max_curvature(None, points, jnp.ones(d), oracle=counted)
+    np.testing.assert_allclose(lam, eigenvalues.max(), rtol=1e-2)
+    assert np.all(np.asarray(lam) <= eigenvalues.max() * (1 + 1e-4))  # Ritz values: never above
+    assert len(calls) < CURVATURE_ITERS
+    # traced (a lax loop of the cap's length): the same estimate
+    traced = jax.jit(lambda z: max_curvature(None, z, jnp.ones(d), oracle=rows_oracle(_quadratic(eigenvalues, q), compiled=False)))(points)
+    np.testing.assert_allclose(traced, eigenvalues.max(), rtol=1e-2)
+
+
+def test_max_curvature_of_an_isotropic_target_stops_at_once():
+    # the Krylov space of a multiple of the identity is one vector: β₀ = 0, exact after
+    # one product, and no product of a zero vector afterwards
+    oracle = rows_oracle(lambda z: -1.5 * jnp.sum(z**2))
+    norms = []
+
+    def hvp(zs, vs):
+        norms.append(np.linalg.norm(np.asarray(vs), axis=-1))
+        return oracle.hvp(zs, vs)
+
+    lam = max_curvature(None, jnp.zeros((4, 10)), jnp.full(10, 2.0), oracle=oracle._replace(hvp=hvp))
+    np.testing.assert_allclose(lam, 12.0, rtol=1e-5)  # S H S = 4 · 3 I
+    np.testing.assert_allclose(np.array(norms), 2.0, rtol=1e-5)  # S v for unit vectors v
+
+
+def test_max_curvature_of_an_indefinite_hessian_is_the_largest_magnitude():
+    # a direction where log p̄ curves up (a funnel's tail) limits the leapfrog as well
+    rng = np.random.default_rng(1)
+    q, _ = np.linalg.qr(rng.normal(size=(8, 8)))
+    eigenvalues = np.r_[-50.0, np.linspace(1.0, 10.0, 7)]
+    lam = max_curvature(None, jnp.zeros((2, 8)), jnp.ones(8), oracle=rows_oracle(_quadratic(eigenvalues, q)))
+    np.testing.assert_allclose(lam, 50.0, rtol=1e-3)
+
+
+def test_lanczos_step_after_an_invariant_subspace_keeps_a_nonzero_vector():
+    # v = e1 an exact eigenvector: β₀ = 0 exactly; the row is done, its estimate 4, and the
+    # next products' input is still S v (a zero vector would be differenced for nothing)
+    v = jnp.asarray([[1.0, 0.0, 0.0]])
+    carry = (jnp.zeros_like(v), v, jnp.zeros((1, 3)), jnp.zeros((1, 3)), jnp.zeros(1, bool))
+    carry, sv, lam = _lanczos_step(carry, -4.0 * v, jnp.ones(3), np.int32(0), host=True)
+    np.testing.assert_allclose(lam, [4.0])
+    np.testing.assert_allclose(sv, v)
+    assert bool(carry[4][0])
+    carry, sv, lam = _lanczos_step(carry, jnp.zeros_like(v), jnp.ones(3), np.int32(1), host=True)
+    np.testing.assert_allclose(lam, [4.0])  # frozen
+    np.testing.assert_allclose(sv, v)
 
 
 def test_log_density_compiled_twice_and_a_second_run_compiles_nothing(caplog):

@@ -313,6 +313,46 @@ def test_log_likelihood_of_every_observed_site_with_the_models_params():
         )
 
 
+def test_large_observed_sites_are_computed_in_chunks_of_bounded_size(monkeypatch):
+    """The pointwise log-likelihood and the replicated data are computed a few draws at a
+    time where the guide's batch of draws would hold more than CHUNK_VALUES values of
+    the observed sites (here 7 values per draw against a cap of 15: 2 draws a chunk)."""
+    import numpyro_uha.evaluation.arviz as export
+
+    x = jnp.linspace(-1.0, 1.0, 5)
+
+    def observed_twice(x):
+        a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+        with numpyro.plate("n", x.shape[0]):
+            numpyro.sample("y1", dist.Normal(a, 1.0), obs=x)
+        numpyro.sample("y2", dist.Normal(a, 1.0).expand([2]).to_event(1), obs=x[:2])
+
+    class Stub:
+        model = staticmethod(observed_twice)
+        sample_batch_size = 1000
+
+    sizes = []
+    in_chunks = export._in_chunks
+    monkeypatch.setattr(export, "CHUNK_VALUES", 15)
+    monkeypatch.setattr(
+        export, "_in_chunks", lambda fn, samples, size: sizes.append(size) or in_chunks(fn, samples, size)
+    )
+    a = np.linspace(-1.0, 1.0, 12)
+    draws = WeightedDraws({"a": a}, np.zeros(12), None, None)
+    idata = to_inference_data(
+        Stub(), jax.random.PRNGKey(0), {}, x, num_chains=2, draws=draws, resample=False,
+        posterior_predictive=True,
+    )
+    assert sizes == [2, 2]
+    a_post = idata.posterior["a"].values
+    np.testing.assert_allclose(
+        idata.log_likelihood["y1"].values, dist.Normal(a_post[..., None], 1.0).log_prob(x),
+        rtol=1e-6,
+    )
+    replicated = idata.posterior_predictive["y1"].values
+    assert replicated.shape == (2, 6, 5)
+
+
 def loo_mc_se_exact(log_lik):
     """Monte Carlo standard error of elpd_loo from S independent posterior draws.
 

@@ -71,7 +71,9 @@ from numpyro_uha._divergence import (
     diverged,
     gate,
 )
-from numpyro_uha._weights import KHAT_BAD, khat_counts, log_spread, psis_khat
+from numpyro_uha._weights import (
+    BOUNDED_LOG_SPREAD, KHAT_BAD, khat_counts, log_spread, psis_khat, psis_khat_columns,
+)
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import (
     GROUPS,
@@ -1722,8 +1724,6 @@ class UHALocalGuide(AutoGuide):
         log p(x_i); with global latents it is log p(x_i | globals) at the
         ``global_values`` passed (constrained, every global site by name; required).
         """
-        from numpyro_uha.evaluation.logz import log_z_from_weights
-
         check_model_keywords(self._written_model, kwargs, self.log_z)
         _check_int("num_samples", num_samples, 2)  # a mean and its standard error
         if self._global_latents and global_values is None:
@@ -1738,20 +1738,23 @@ class UHALocalGuide(AutoGuide):
             corrected=corrected, global_values=global_values, **kwargs,
         )
         log_w = np.asarray(log_w, np.float64)
-        per_point = [log_z_from_weights(log_w[:, i], self.K) for i in range(log_w.shape[1])]
-        column = lambda name: np.array([getattr(e, name) for e in per_point])  # noqa: E731
-        iw, iw_se, elbo, elbo_se = column("iw"), column("iw_se"), column("elbo"), column("elbo_se")
-        # (log_z_from_weights raised above where fewer than two weights of a point are
+        from numpyro_uha.evaluation.logz import log_z_columns
+
+        column = log_z_columns(log_w, self.K)
+        iw, iw_se, elbo, elbo_se = column["iw"], column["iw_se"], column["elbo"], column["elbo_se"]
+        # (log_z_columns raised above where fewer than two weights of a point are
         # finite; NaN is a zero weight there, -inf here)
-        khat = np.array([psis_khat(np.where(np.isnan(column_w), -np.inf, column_w))
-                         for column_w in log_w.T])
+        nan = np.isnan(log_w)
+        khat = psis_khat_columns(np.where(nan, -np.inf, log_w) if nan.any() else log_w)
         # the data points' indices (log_weights checked subsample_idx; without it, the
         # chains are those of the first B data points, as _subsample gives)
         idx = np.arange(log_w.shape[1]) if subsample_idx is None else np.asarray(subsample_idx)
-        heavy = np.array([_khat_counts_of(k, column_w) for k, column_w in zip(khat, log_w.T)])
+        # _khat_counts_of, point by point: the spread counts only where every draw is finite
+        bounded = (column["num_nonfinite"] == 0) & (column["spread"] <= BOUNDED_LOG_SPREAD)
+        heavy = np.isfinite(khat) & (khat >= KHAT_BAD) & ~bounded
         _warn_if_points_fit_poorly(
-            heavy, column("num_nonfinite"), log_w.shape[0], idx, self.per_data_point,
-            column("ess"),
+            heavy, column["num_nonfinite"], log_w.shape[0], idx, self.per_data_point,
+            column["ess"],
         )
         return LocalLogZ(
             log_z=iw,
@@ -1762,8 +1765,8 @@ class UHALocalGuide(AutoGuide):
             elbo_se=elbo_se,
             total_elbo=float(elbo.sum()),
             total_elbo_se=float(np.sqrt(np.sum(elbo_se**2))),
-            ess=column("ess"),
-            num_nonfinite=column("num_nonfinite").astype(int),
+            ess=column["ess"],
+            num_nonfinite=column["num_nonfinite"].astype(int),
             num_samples=int(log_w.shape[0]),
             pareto_khat=khat,
         )

@@ -350,7 +350,9 @@ def test_per_point_log_z_takes_a_high_khat_of_nearly_equal_weights_for_noise(
 
     guide, params = _setup()
     params["local_scale"] = params["local_scale"] * narrow
-    monkeypatch.setattr(local_module, "psis_khat", lambda log_w: 3.0)
+    monkeypatch.setattr(
+        local_module, "psis_khat_columns", lambda log_w: np.full(log_w.shape[1], 3.0)
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = guide.log_z(
@@ -363,3 +365,120 @@ def test_per_point_log_z_takes_a_high_khat_of_nearly_equal_weights_for_noise(
     if warned:
         assert "Pareto k̂ ≥ 0.7" in messages[0]
         assert "at 4 data point(s) [0, 1, 2, 3]" in messages[0]
+
+
+def _point_by_point(guide, log_w, idx):
+    """UHALocalGuide.log_z's fields and warnings as it computed them before it took the
+    data points together: log_z_from_weights, psis_khat and _khat_counts_of column by
+    column."""
+    from numpyro_uha.evaluation import log_z_from_weights
+    from numpyro_uha._weights import psis_khat
+    from numpyro_uha.local import _khat_counts_of, _warn_if_points_fit_poorly
+
+    log_w = np.asarray(log_w, np.float64)
+    per_point = [log_z_from_weights(log_w[:, i], guide.K) for i in range(log_w.shape[1])]
+    fields = {
+        name: np.array([getattr(e, name) for e in per_point])
+        for name in ("iw", "iw_se", "elbo", "elbo_se", "ess", "num_nonfinite")
+    }
+    fields["pareto_khat"] = np.array(
+        [psis_khat(np.where(np.isnan(w), -np.inf, w)) for w in log_w.T]
+    )
+    heavy = np.array([_khat_counts_of(k, w) for k, w in zip(fields["pareto_khat"], log_w.T)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _warn_if_points_fit_poorly(
+            heavy, fields["num_nonfinite"], log_w.shape[0], np.asarray(idx),
+            guide.per_data_point, fields["ess"],
+        )
+    return fields, [str(w.message) for w in caught]
+
+
+@pytest.fixture(scope="module")
+def per_point():
+    """The guide, its parameters, and log_z's arguments for the per-point tests (one
+    compilation for them all)."""
+    guide, params = _setup()
+    call = dict(num_samples=300, subsample_idx=jnp.arange(BATCH),
+                global_values={"mu": MU[0], "tau": TAU[0]})
+    return guide, params, (jnp.asarray(Y), BATCH, Y0), call
+
+
+@pytest.mark.parametrize("narrow", [1.0, 0.2])
+def test_per_point_log_z_is_log_z_from_weights_and_psis_khat_point_by_point(
+    narrow, per_point
+):
+    """log_z takes its data points' columns of log weights together: the same floats and
+    the same warning as log_z_from_weights, psis_khat and _khat_counts_of column by
+    column on the weights log_weights gives with the same key."""
+    guide, params, args, call = per_point
+    params = dict(params)
+    params["local_scale"] = params["local_scale"] * narrow  # 0.2: heavy tails, a warning
+    key = jax.random.PRNGKey(2)
+    log_w = guide.log_weights(key, params, *args, **call)
+    want, want_messages = _point_by_point(guide, log_w, call["subsample_idx"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = guide.log_z(key, params, *args, **call)
+    assert [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)] \
+        == want_messages
+    assert bool(want_messages) == (narrow < 1)
+    for name in ("iw", "iw_se", "elbo", "elbo_se", "ess"):
+        got = getattr(result, "log_z" if name == "iw" else "se" if name == "iw_se" else name)
+        np.testing.assert_array_equal(got, want[name], err_msg=name)
+    np.testing.assert_array_equal(result.num_nonfinite, want["num_nonfinite"])
+    np.testing.assert_allclose(result.pareto_khat, want["pareto_khat"], rtol=1e-12, atol=0)
+    assert result.total == float(want["iw"].sum())
+
+
+def test_per_point_log_z_of_diverged_draws_is_log_z_from_weights_point_by_point(
+    per_point, monkeypatch
+):
+    """The columns with a diverged draw (NaN or -inf: a zero weight) and the others in
+    chunks, finite ones between diverged ones: the same floats, warning and errors as
+    log_z_from_weights, psis_khat and _khat_counts_of column by column."""
+    import numpyro_uha.evaluation.logz as logz_module
+
+    guide, params, args, call = per_point
+    key = jax.random.PRNGKey(3)
+    clean = np.asarray(guide.log_weights(key, params, *args, **call), np.float64)[:40]
+    # 12 points (the 4 columns thrice), a draw of a point's chain NaN or -inf in some
+    rng = np.random.default_rng(0)
+    log_w = np.concatenate([clean, clean + 0.5, clean - 1.0], axis=1)
+    log_w[rng.permutation(40)[:2], 1] = np.nan
+    log_w[rng.permutation(40)[:6], 4] = -np.inf  # > 10 % diverged: warned
+    log_w[3, 9] = -np.inf
+    log_w[4:, 7] = -np.inf  # 4 finite weights: too few for k̂'s fit (inf, not heavy)
+    idx = np.arange(12)
+    monkeypatch.setattr(logz_module, "LOG_Z_COLUMNS_CHUNK", 2 * 40)  # two points a chunk
+    monkeypatch.setattr(guide, "log_weights", lambda *a, **k: log_w.copy())
+    want, want_messages = _point_by_point(guide, log_w, idx)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = guide.log_z(key, params, *args, num_samples=40, subsample_idx=idx,
+                             global_values=call["global_values"])
+    assert [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)] \
+        == want_messages
+    assert "more than 10 % of the chains diverged" in want_messages[0]
+    np.testing.assert_array_equal(result.num_nonfinite, [0, 2, 0, 0, 6, 0, 0, 36, 0, 1, 0, 0])
+    assert result.pareto_khat[7] == np.inf
+    for name, got in [("iw", result.log_z), ("iw_se", result.se), ("elbo", result.elbo),
+                      ("elbo_se", result.elbo_se), ("ess", result.ess)]:
+        np.testing.assert_array_equal(got, want[name], err_msg=name)
+    np.testing.assert_allclose(result.pareto_khat, want["pareto_khat"], rtol=1e-12, atol=0)
+    # a point with fewer than two finite weights, or a +inf one: log_z_from_weights'
+    # error, of the first such point
+    from numpyro_uha.evaluation import log_z_from_weights
+
+    for bad_at, value in [(7, -np.inf), (5, np.inf)]:
+        broken = log_w.copy()
+        broken[:, 10] = np.nan
+        broken[1:, bad_at] = value
+        monkeypatch.setattr(guide, "log_weights", lambda *a, **k: broken.copy())
+        with pytest.raises(FloatingPointError) as expected:
+            for i in range(12):
+                log_z_from_weights(broken[:, i], guide.K)
+        with pytest.raises(FloatingPointError) as raised:
+            guide.log_z(key, params, *args, num_samples=40, subsample_idx=idx,
+                        global_values=call["global_values"])
+        assert str(raised.value) == str(expected.value)

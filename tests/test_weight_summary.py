@@ -8,7 +8,9 @@ Checked here against ArviZ's ``psislw`` (the k̂ exactly) and NumPy (the statist
 float32 rounding), and end to end: the warnings name the same k̂ as ``psis_khat`` of the
 returned weights, and point at the caller's line. Draws that fit in one chunk get the
 summary from the chain's own program, over the first ``num_draws`` of the padded chunk:
-checked against the summary of the weights the call returns.
+checked against the summary of the weights the call returns. ``psis_khat_columns``, the
+fit vectorized over many columns (``UHALocalGuide.log_z``'s data points), is ``psislw``'s
+k̂ column by column to 1e-10.
 """
 
 import sys
@@ -23,9 +25,11 @@ import pytest
 import conjugate_model as cm
 from numpyro_uha import UHAFitWarning
 from numpyro_uha import guide as guide_module
+from numpyro_uha import _weights as weights_module
 from numpyro_uha._weights import (
     _khat_from_largest,
     psis_khat,
+    psis_khat_columns,
     summary_from_values,
     summary_khat,
     summary_largest,
@@ -66,6 +70,113 @@ def test_khat_from_the_largest_weights_is_arviz_psislw(log_w):
     if largest.size == tail_size(n) + 1:
         got = _khat_from_largest(np.random.default_rng(1).permutation(largest), n)
         assert got == float(az.psislw(log_w.copy(), reff=1.0)[1]) or np.isnan(got)
+
+
+def _columns(n, seed=0):
+    """A fixed-seed (n, 16) matrix of log weights, a tail of its own in each column:
+    light, heavy (Pareto k = 0.8, Student-t 2 and 1: the last so heavy that few weights
+    lie within exp(-708) of the largest), nearly equal, equal, ties, one weight far
+    above the rest, -inf shares (zero weights), and -inf all but 1, 3, 30 and 14 (fewer
+    finite weights than the tail, ``tail_size(n) + 1``, so the fit takes those above
+    exp(-708) times the largest: 12 of the 14)."""
+    rng = np.random.default_rng(seed)
+    columns = [
+        rng.standard_normal(n) * 2.0, -50.0 + 0.3 * rng.standard_normal(n),
+        np.log1p(rng.pareto(1 / 0.8, n)), rng.standard_t(2, n) * 3.0, rng.standard_t(1, n),
+        1e-12 * rng.standard_normal(n), np.full(n, 1.5), np.round(rng.standard_normal(n), 1),
+        np.round(rng.exponential(size=n), 2), np.r_[rng.standard_normal(n - 1), 40.0],
+    ]
+    for share in (0.3, 0.9):
+        zeros = rng.standard_t(3, n)
+        zeros[rng.random(n) < share] = -np.inf
+        zeros[0] = 0.0
+        columns.append(zeros)
+    for num_finite in (3, min(30, n - 1)):
+        few = np.full(n, -np.inf)
+        few[rng.permutation(n)[:num_finite]] = rng.standard_normal(num_finite)
+        columns.append(few)
+    columns.append(np.r_[np.full(n - 1, -np.inf), 2.0])  # one finite: no tail
+    columns.append(np.r_[np.full(n - 3, -800.0), 0.0, -1.0, -2.0])  # 2 above exp(-708)
+    far = np.full(n, -np.inf)  # 12 finite weights above exp(-708) of the largest, 2 below
+    far[:14] = np.r_[rng.standard_normal(12), -720.0 + rng.standard_normal(2)]
+    columns.append(far)
+    return np.stack(columns, axis=1)
+
+
+@pytest.mark.parametrize("n", [20, 25, 26, 1000, 4321, 10000])
+def test_khat_of_many_columns_is_arviz_psislw_column_by_column(n):
+    """psis_khat_columns, one vectorized fit over the columns (no ArviZ), is psislw's k̂
+    of each column to rounding, and -inf where psis_khat has it (equal weights);
+    below 25 draws (too few for the tail) it is psis_khat column by column. At 10000
+    draws some candidates' weights overflow in psislw's fit (a RuntimeWarning there):
+    they weigh nothing in either."""
+    log_w = _columns(n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = psis_khat_columns(log_w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.asarray(az.psislw(log_w.T.copy(), reff=1.0)[1], np.float64)
+    want[6] = -np.inf  # psis_khat's own case: equal weights, no tail
+    assert got.shape == (log_w.shape[1],)
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite], want[~finite])
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-10, atol=0)
+    if n == 1000:
+        # the cases are there: finite fits, and too few weights for one
+        assert np.isinf(want[[4, 12, 14, 15]]).all()
+        assert np.isfinite(want[[0, 1, 2, 3, 5, 7, 8, 9, 10, 11, 13, 16]]).all()
+
+
+def test_khat_of_many_columns_is_the_same_in_any_chunks(monkeypatch):
+    log_w = _columns(300, seed=1)
+    whole = psis_khat_columns(log_w)
+    monkeypatch.setattr(weights_module, "KHAT_COLUMNS_BYTES", 1)  # one column a chunk
+    np.testing.assert_array_equal(psis_khat_columns(log_w), whole)
+    monkeypatch.setattr(weights_module, "KHAT_COLUMNS_BYTES", 3 * 8 * 40000)  # a few
+    np.testing.assert_array_equal(psis_khat_columns(log_w), whole)
+
+
+def test_khat_of_many_columns_takes_psis_khat_where_the_fit_leaves_the_numbers():
+    """Tail weights within rounding of the cutoff (their excess over it is 0): ArviZ's
+    fit divides by zero; such a column is psis_khat's, its warnings included."""
+    n = 1000
+    degenerate = np.full(n, -5.0)
+    degenerate[:tail_size(n)] = np.linspace(-3e-300, 0.0, tail_size(n))
+    degenerate[tail_size(n)] = -4e-300
+    log_w = np.stack([np.random.default_rng(2).standard_normal(n), degenerate], axis=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        want = psis_khat(degenerate)
+    with warnings.catch_warnings(record=True) as caught_columns:
+        warnings.simplefilter("always")
+        got = psis_khat_columns(log_w)
+    assert caught and [str(w.message) for w in caught_columns] == [str(w.message) for w in caught]
+    assert got[1] == want or (np.isnan(got[1]) and np.isnan(want))
+    assert got[0] == pytest.approx(psis_khat(log_w[:, 0]), rel=1e-12)
+
+
+def test_khat_of_many_columns_refuses_as_psis_khat():
+    log_w = _columns(100)
+    for bad in (np.nan, np.inf):
+        broken = log_w.copy()
+        broken[5, 3] = broken[7, 9] = broken[8, 9] = bad  # 1 and 2 of them
+        with pytest.raises(FloatingPointError) as raised:
+            psis_khat_columns(broken)
+        with pytest.raises(FloatingPointError) as expected:
+            psis_khat(broken[:, 3])  # the first column that has one
+        assert str(raised.value) == str(expected.value)
+    broken = log_w.copy()
+    broken[:, 4] = -np.inf
+    with pytest.raises(FloatingPointError, match=r"psis_khat: all 100 log weights are -inf"):
+        psis_khat_columns(broken)
+    with pytest.raises(ValueError, match=r"psis_khat: log_weights is empty"):
+        psis_khat_columns(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match=r"must be 2-D"):
+        psis_khat_columns(log_w[:, 0])
+    assert psis_khat_columns(np.zeros((10, 0))).shape == (0,)
+    # one draw: psis_khat's equal weights
+    np.testing.assert_array_equal(psis_khat_columns([[0.5, -1.0]]), [-np.inf, -np.inf])
 
 
 @pytest.mark.parametrize("log_w", [w for i, w in WEIGHT_SETS if int(i.split("-")[-1]) >= 24],

@@ -116,6 +116,51 @@ def log_z_from_weights(log_weights, num_transitions: int | None = None) -> LogZE
     )
 
 
+#: about how many log weights log_z_columns copies at a time (32 MB)
+LOG_Z_COLUMNS_CHUNK = 2**22
+
+
+def log_z_columns(log_w, num_transitions):
+    """:func:`log_z_from_weights` of each column of ``log_w``
+    (``num_samples, B``, float64), as arrays by field name (``iw``, ``iw_se``,
+    ``elbo``, ``elbo_se``, ``ess``, ``num_nonfinite``), and ``spread``, the largest log
+    weight less their mean (:func:`~numpyro_uha._weights.log_spread`), where every
+    weight of the column is finite (NaN elsewhere).
+
+    The columns whose weights are all finite are computed together, with the same NumPy
+    operations on contiguous rows as ``log_z_from_weights`` on one column (the same
+    floats: NumPy's pairwise sums take a row as they take a vector); the others (a
+    diverged draw) by ``log_z_from_weights`` itself, in order, so it raises as it would
+    have column by column (the all-finite ones never raise: two draws or more)."""
+    n, num_points = log_w.shape
+    out = {name: np.full(num_points, np.nan) for name in ("iw", "iw_se", "elbo", "elbo_se",
+                                                           "ess", "spread")}
+    out["num_nonfinite"] = np.zeros(num_points, np.int64)
+    finite = np.isfinite(log_w).all(axis=0)
+    for i in np.flatnonzero(~finite):
+        estimate = log_z_from_weights(log_w[:, i], num_transitions)
+        for name in ("iw", "iw_se", "elbo", "elbo_se", "ess", "num_nonfinite"):
+            out[name][i] = getattr(estimate, name)
+    points = np.flatnonzero(finite)
+    chunk = max(1, LOG_Z_COLUMNS_CHUNK // max(n, 1))
+    for start in range(0, points.size, chunk):
+        at = points[start:start + chunk]
+        # a point's weights in a contiguous row (a slice copies faster than an index)
+        whole = at[-1] - at[0] + 1 == at.size
+        x = np.ascontiguousarray(log_w[:, at[0]:at[-1] + 1].T if whole else log_w.T[at])
+        shift = np.max(x, axis=1)
+        w = np.exp(x - shift[:, None])
+        mean_w = np.mean(w, axis=1)
+        elbo = np.mean(x, axis=1)
+        out["elbo"][at] = elbo
+        out["elbo_se"][at] = np.std(x, axis=1, ddof=1) / math.sqrt(n)
+        out["iw"][at] = shift + np.log(mean_w)
+        out["iw_se"][at] = np.std(w, axis=1, ddof=1) / (math.sqrt(n) * mean_w)
+        out["ess"][at] = np.sum(w, axis=1) ** 2 / np.sum(w**2, axis=1)
+        out["spread"][at] = shift - elbo
+    return out
+
+
 def _refuse_latents_in_cond(model, args, kwargs):
     """:func:`numpyro_uha.guide._refuse_latents_in_cond` for any guide's weights: an
     AutoNormal's log_z ran on wrong terms there, with only a standard-error warning

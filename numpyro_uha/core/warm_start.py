@@ -222,10 +222,31 @@ def to_default_device(tree):
     return jax.tree.map(move, tree)
 
 
+#: A model-free step whose largest array argument has at least this many elements is
+#: compiled at XLA's default optimization, not :func:`quick_compiler_options`': at the
+#: lowest level its run time grows faster than its compile time shrinks. A Gaussian
+#: random walk of d steps (2-core CPU, no executables on disk): d = 5000, 1000 warm-start
+#: VI steps on 24 × 5000 draws took 8 of a 15.4 s setup, 9.4 s in all at the default
+#: level; d = 2000: 10.0 → 7.6 s; d = 1000: 6.8 → 6.6 s (3.3 s against 5.1 s with the
+#: executables on disk); d = 500 is faster all quick (5.4 s against 7.9 s).
+QUICK_MAX_ELEMENTS = 2**14
+
+
+def _small(args, static_argnums) -> bool:
+    """Whether every array argument of a step has fewer than :data:`QUICK_MAX_ELEMENTS`
+    elements (see :func:`small_jit`)."""
+    dynamic = [a for i, a in enumerate(args) if i not in static_argnums]
+    return all(
+        np.size(leaf) < QUICK_MAX_ELEMENTS
+        for leaf in jax.tree.leaves(dynamic) if hasattr(leaf, "shape")
+    )
+
+
 def small_jit(static_argnums=()):
     """jit for the warm start's model-free steps: tiny programs run once per iteration,
     compiled on CPU at XLA's lowest backend optimization (a third of the compile time,
-    the same run time at these sizes). Called with ``host=False`` (loops traced into
+    the same run time at these sizes; steps on arrays of :data:`QUICK_MAX_ELEMENTS` or
+    more at the default level). Called with ``host=False`` (loops traced into
     ``lax`` loops, under a JAX transform) the step is a plain function, inlined; with
     ``host`` a ``jax.Device`` (an oracle's ``step_device``) it runs on that device, its
     array arguments copied there; called with traced arguments (under the caller's JAX
@@ -243,26 +264,27 @@ def small_jit(static_argnums=()):
                 return fn(*args)
             device = None if host is True else host
             platform = jax.default_backend() if device is None else device.platform
-            if platform not in compiled:
+            options = quick_compiler_options(platform) if _small(args, static_argnums) else None
+            key = (platform, options is None)
+            if key not in compiled:
                 with _COMPILE_LOCK:  # the first call may come from two threads
-                    if platform not in compiled:
-                        compiled[platform] = jax.jit(
-                            fn, static_argnums=static_argnums,
-                            compiler_options=quick_compiler_options(platform),
+                    if key not in compiled:
+                        compiled[key] = jax.jit(
+                            fn, static_argnums=static_argnums, compiler_options=options,
                         )
             if device is not None:
                 args = _on_device(args, static_argnums, device)
             else:
                 folder = executables.active(platform)
                 if folder is not None:  # compiled once per machine (executables.py)
-                    return _cached_call(compiled[platform], args, folder, platform)
-            return compiled[platform](*args)
+                    return _cached_call(compiled[key], args, folder, platform, options)
+            return compiled[key](*args)
 
         call.small_jit = True  # a model-free step (precompile's tests find them by it)
         # (static args, tree, avals) -> executable, in this process
         call.executables = executables.register({})
 
-        def _cached_call(jitted, args, folder, platform):
+        def _cached_call(jitted, args, folder, platform, options):
             static = tuple(args[i] for i in static_argnums)
             dynamic = tuple(a for i, a in enumerate(args) if i not in static_argnums)
             leaves, tree = jax.tree.flatten(dynamic)
@@ -270,7 +292,7 @@ def small_jit(static_argnums=()):
             executable = call.executables.get(signature)
             if executable is None:
                 executable = executables.load_or_compile(
-                    jitted, args, folder, quick_compiler_options(platform),
+                    jitted, args, folder, options,
                     call=f"{fn.__module__}.{fn.__qualname__} {signature!r}",
                 )
                 call.executables[signature] = executable

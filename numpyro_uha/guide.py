@@ -100,7 +100,7 @@ from numpyro_uha.core import (
     step_sizes_under_ceiling,
 )
 from numpyro_uha.core.annealing import _start_noise
-from numpyro_uha.core.batching import batched_map
+from numpyro_uha.core.batching import batched_map, reuse_width, signature_of
 from numpyro_uha.core.sharding import (
     gather,
     leading_axis_sharding,
@@ -2455,16 +2455,18 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
 
     def _draw_impl(
         self, keys, params, arrays, batch_size, spec, corrected, with_info, with_samples=True,
-        sharding=None, split=False, num_valid=None, threshold=None,
+        sharding=None, split=False, num_valid=None, threshold=None, offset=None,
     ):
         """``(samples, log_weights, latent, info, finite)`` of the draws with ``keys``;
         ``finite`` flags the draws whose log weight and latent are finite. With
-        ``split``: ``keys`` is one raw key, split to ``batch_size`` keys here, and the
-        first ``num_valid`` draws' weight summary (:func:`~numpyro_uha._weights.
+        ``split``: ``keys`` is one raw key, and the draws' keys are keys ``offset``,
+        ..., ``offset + batch_size - 1`` of its split (:func:`_keys_from`: a traced
+        ``offset``, so every chunk of any number of draws runs in this one program), and
+        the first ``num_valid`` draws' weight summary (:func:`~numpyro_uha._weights.
         summary_values`, ``threshold`` its ``num_below``'s) is a sixth output, made in
         the same program (the rest are padding, dropped by the caller)."""
         if split:
-            keys = jax.random.split(keys, batch_size)
+            keys = _keys_from(keys, 0 if offset is None else offset, batch_size)
         keys = shard_leading(keys, sharding)
         args, kwargs = _merge_static(arrays, spec)
         annealing = self.get_annealing_params(params)
@@ -2578,23 +2580,38 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if concrete:
             # Concrete: the draws run in chunks of a fixed width, one compiled program
             # per width, so a new sample_shape reuses it (widths 2^k or 3 · 2^(k-1) from
-            # DRAW_CHUNK_MIN up to sample_batch_size, whole shards where sharded; the
-            # last chunk is padded with extra keys, computed and dropped; ``batch_size``,
-            # where given, caps the width instead of sample_batch_size). Keys, chunks and
-            # results stay on the device: what is compiled per sample_shape beyond the
-            # chain is a key split, a slice and a join.
-            width = min(batch_size or self.sample_batch_size, _chunk_bucket(num_draws))
+            # DRAW_CHUNK_MIN up to sample_batch_size, whole shards where sharded, or a
+            # wider one already compiled; the last chunk is padded with extra keys,
+            # computed and dropped; ``batch_size``, where given, caps the width instead
+            # of sample_batch_size). Keys, chunks and results stay on the device: what
+            # is compiled per sample_shape beyond the chain is a join (and, sharded, a
+            # key split and a slice).
+            cap = batch_size or self.sample_batch_size
+            width = min(cap, _chunk_bucket(num_draws))
             width = -(-width // shards) * shards  # whole shards
+            fused = sharding is None and _fold_in_splits(rng_key)
+            # a width this program already ran at, up to REUSE_WIDTH_RATIO times wider,
+            # rather than a new compilation of the chain (e.g. 100 draws after 1000)
+            width = reuse_width(
+                self._jitted_draws[spec],
+                (corrected, with_info, with_samples, sharding, fused,
+                 signature_of((params, arrays))),
+                width, max(cap, width),
+            )
             num_chunks = -(-num_draws // width)
-            if num_chunks == 1 and sharding is None and jax.config.jax_threefry_partitionable:
-                # one chunk: the key split and the weight summary in the chain's program
-                # (one dispatch; the same keys as _draw_keys', key i of a split not
-                # depending on its size)
-                *chunk, summary_arrays = draw(
-                    jnp.asarray(rng_key), batch_size=width, split=True,
-                    num_valid=np.int32(num_draws), threshold=threshold,
-                )
-                chunks = [tuple(chunk)]
+            if fused:
+                # every chunk in one program: its keys from the raw key and the chunk's
+                # offset (the same keys as _draw_keys'), the first chunk's weight summary
+                # made beside its draws (one dispatch; used where it is the only one)
+                key = jnp.asarray(rng_key)
+                outs = [
+                    draw(key, batch_size=width, split=True, offset=np.uint32(i * width),
+                         num_valid=np.int32(num_draws), threshold=threshold)
+                    for i in range(num_chunks)
+                ]
+                chunks = [tuple(out[:5]) for out in outs]
+                if num_chunks == 1:
+                    summary_arrays = outs[0][5]
             else:
                 keys = _draw_keys(rng_key, num_draws, num_chunks * width)
 
@@ -3775,6 +3792,35 @@ def _chunkable(rng_key, num_draws, params, arrays) -> bool:
     if not num_draws or _is_tracer((rng_key, params, arrays)):
         return False
     return not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key)
+
+
+def _keys_from(rng_key, offset, num):
+    """Keys ``offset``, ..., ``offset + num - 1`` of ``jax.random.split(rng_key, n)``
+    (any larger ``n``), for a traced ``offset``: under JAX's partitionable threefry key i
+    of a split is ``fold_in(rng_key, i)`` (checked by :func:`_fold_in_splits`)."""
+    index = jnp.asarray(offset, jnp.uint32) + jnp.arange(num, dtype=jnp.uint32)
+    return jax.vmap(jax.random.fold_in, (None, 0))(rng_key, index)
+
+
+def _fold_in_splits(rng_key) -> bool:
+    """Whether :func:`_keys_from` gives a split's keys for raw keys such as ``rng_key``
+    (JAX's default partitionable threefry: yes), checked once per configuration."""
+    return _fold_in_check(
+        jnp.shape(rng_key), bool(jax.config.jax_threefry_partitionable),
+        str(jax.config.jax_default_prng_impl),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _fold_in_check(shape, partitionable, impl) -> bool:
+    del partitionable, impl  # the cache's key: the configuration checked
+    with jax.ensure_compile_time_eval():
+        key = jax.random.PRNGKey(12345)
+        if key.shape != tuple(shape):
+            return False
+        split = np.asarray(jax.random.split(key, 7))
+        folded = np.asarray(_keys_from(key, 3, 4))
+    return bool(np.array_equal(split[3:], folded))
 
 
 def _draw_keys(rng_key, num_draws, total):

@@ -74,6 +74,7 @@ from numpyro_uha._divergence import (
 from numpyro_uha._weights import (
     BOUNDED_LOG_SPREAD, KHAT_BAD, khat_counts, log_spread, psis_khat, psis_khat_columns,
 )
+from numpyro_uha.core.batching import reuse_width, signature_of
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
 from numpyro_uha.guide import (
     GROUPS,
@@ -1972,8 +1973,13 @@ class UHALocalGuide(AutoGuide):
             # Concrete: the draws run in chunks of a fixed width (2^k or 3 · 2^(k-1), at
             # least 64, at most `cap`), one compiled program per width, so another
             # sample_shape or num_samples reuses it; the last chunk is padded with extra
-            # keys, computed and dropped. Key i is split's key i whatever the width.
-            width = min(cap, _chunk_bucket(num))
+            # keys, computed and dropped. Key i is split's key i whatever the width. A
+            # wider width already compiled (up to REUSE_WIDTH_RATIO times) is reused.
+            width = reuse_width(
+                self, ("draws", spec, corrected, rows,
+                       signature_of((params, idx, arrays, fixed_globals))),
+                min(cap, _chunk_bucket(num)), cap,
+            )
             num_chunks = -(-num // width)
             keys = _draw_keys(rng_key, num, num_chunks * width)
             draw = program(num=width, chunk=width)

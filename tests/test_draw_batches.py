@@ -146,9 +146,9 @@ def _tiny_model(y):
 
 
 def test_a_new_sample_shape_reuses_the_compiled_draws():
-    """Draws run in chunks of a fixed width (powers of two up to sample_batch_size), so
-    a new sample_shape compiles no new chain; draw i is the same whatever the number of
-    draws (its key is key i of the split)."""
+    """Draws run in chunks of a fixed width (powers of two up to sample_batch_size, or
+    a wider one already compiled), so a new sample_shape compiles no new chain; draw i
+    is the same whatever the number of draws (its key is key i of the split)."""
     y = jnp.linspace(-1.0, 2.0, 10)
     guide = UHAGuide(_tiny_model, K=2, warm_start_steps=0, sample_batch_size=256)
     svi = SVI(_tiny_model, guide, optax.adam(1e-2), Trace_ELBO())
@@ -162,11 +162,35 @@ def test_a_new_sample_shape_reuses_the_compiled_draws():
         assert draws["mu"].shape == (n,)
         np.testing.assert_allclose(draws["mu"][:257], first["mu"][:257], rtol=1e-6)
     assert compiled._cache_size() == size
-    small = guide.sample_posterior(key, params, y, sample_shape=(37,))  # width 64: one more
+    # fewer draws than a width already compiled, up to REUSE_WIDTH_RATIO (16) times
+    # fewer: that width again (37 draws would get 64 of their own)
+    small = guide.sample_posterior(key, params, y, sample_shape=(37,))
     np.testing.assert_allclose(small["mu"], first["mu"][:37], rtol=1e-6)
+    assert compiled._cache_size() == size
+    guide.sample_posterior(key, params, y, sample_shape=(3000,))
+    assert compiled._cache_size() == size  # 12 chunks of 256: the same program
+    guide.sample_batch_size = 4096
+    wide = guide.sample_posterior(key, params, y, sample_shape=(3000,))  # 3072: one more
+    np.testing.assert_allclose(wide["mu"][:600], first["mu"], rtol=1e-6)
     assert compiled._cache_size() == size + 1
-    guide.sample_posterior(key, params, y, sample_shape=(50,))  # width 64 again
+    for n in (10, 300, 1000):  # 256, 3072, 3072 again: nothing new
+        draws = guide.sample_posterior(key, params, y, sample_shape=(n,))
+        np.testing.assert_allclose(draws["mu"], wide["mu"][:n], rtol=1e-6)
     assert compiled._cache_size() == size + 1
+
+    # Only up to 16 times wider: a fresh guide's 3072 is not reused for 10 draws (64)
+    guide = UHAGuide(_tiny_model, K=2, warm_start_steps=0, sample_batch_size=4096)
+    svi = SVI(_tiny_model, guide, optax.adam(1e-2), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), y))
+    guide.sample_posterior(key, params, y, sample_shape=(3000,))
+    (compiled,) = guide._jitted_draws.values()
+    assert compiled._cache_size() == 1
+    guide.sample_posterior(key, params, y, sample_shape=(10,))  # 64: 3072 is 48 times
+    assert compiled._cache_size() == 2
+    for n in (50, 64, 200, 1000):  # 64, 64, 3072 (12 times 256) and 3072: nothing new
+        draws = guide.sample_posterior(key, params, y, sample_shape=(n,))
+        np.testing.assert_allclose(draws["mu"], wide["mu"][:n], rtol=1e-6)
+    assert compiled._cache_size() == 2
 
 
 def test_log_z_reuses_the_compiled_draws_and_matches_the_chain_runner():
@@ -197,3 +221,25 @@ def test_log_z_reuses_the_compiled_draws_and_matches_the_chain_runner():
         np.testing.assert_allclose(runner.elbo, estimate.elbo, rtol=1e-6)
         np.testing.assert_allclose(runner.iw, estimate.iw, rtol=1e-6)
         np.testing.assert_allclose(runner.elbo_se, estimate.elbo_se, rtol=1e-5)
+
+
+def test_chunk_keys_from_an_offset_are_the_split_keys():
+    """A chunk's keys, made in the chain's program from the raw key and the chunk's
+    offset, are those of jax.random.split at any offset; where fold_in is not the split
+    (JAX's older threefry), the guide does not use them."""
+    from numpyro_uha.guide import _fold_in_splits, _keys_from
+
+    key = jax.random.PRNGKey(42)
+    split = np.asarray(jax.random.split(key, 2000))
+    for offset, num in ((0, 64), (1008, 992), (777, 5)):
+        np.testing.assert_array_equal(np.asarray(_keys_from(key, offset, num)),
+                                      split[offset:offset + num])
+    assert _fold_in_splits(key)
+    previous = jax.config.jax_threefry_partitionable
+    try:
+        jax.config.update("jax_threefry_partitionable", not previous)
+        assert _fold_in_splits(key) == bool(np.array_equal(
+            np.asarray(jax.random.split(key, 7))[3:], np.asarray(_keys_from(key, 3, 4))))
+        assert not _fold_in_splits(key)
+    finally:
+        jax.config.update("jax_threefry_partitionable", previous)

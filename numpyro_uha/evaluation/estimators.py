@@ -42,7 +42,7 @@ from numpyro_uha.core import (
     make_params,
     reverse_annealed_sample,
 )
-from numpyro_uha.core.batching import batched_map
+from numpyro_uha.core.batching import batched_map, reuse_width, signature_of
 from numpyro_uha.core.sharding import gather, num_shards, put_global, shard_leading
 from numpyro_uha.evaluation.logz import LogZEstimate, log_z_from_weights
 
@@ -802,6 +802,12 @@ def sandwich(
     )
     width = _chunk_width(num_reverse, batch_size)
     width = -(-width // num_shards(sharding)) * num_shards(sharding)  # whole shards
+    # a wider width this program already ran at (up to REUSE_WIDTH_RATIO times) rather
+    # than a new compilation; the chains' keys come from their indices, whatever the width
+    width = reuse_width(
+        program, (sharding, positions.shape[1:], signature_of((params, arrays))),
+        width, max(batch_size, width),
+    )
     reverse_log_w = _in_chunks(
         lambda index, starts: reverse((index, starts), params, arrays),
         num_reverse, width, np.arange(num_reverse, dtype=np.uint32),

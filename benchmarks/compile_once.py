@@ -12,7 +12,11 @@ its own compilation):
 * **second**: the same call again, same key and shapes (median of ``--repeats``);
 * **new shape**: one call with a smaller ``sample_shape`` / ``num_draws`` (and fewer
   posterior draws for ``sandwich`` and ``log_z_bracket``) at the same chunk widths
-  (2^k or 3 · 2^(k-1)), which needs no new chain program.
+  (2^k or 3 · 2^(k-1)), which needs no new chain program;
+* **fewer**: 100 draws (a narrower width of their own, 128: before wider widths were
+  reused, a new chain program), and **more**: 3000 draws (several chunks: before the
+  chunks' keys were made in the chain's program, a second chain program beside the
+  one-chunk one).
 
 Each timing also counts the XLA compilations it ran (JAX's
 ``/jax/core/compile/backend_compile_duration`` event): 0 in a second call means the time
@@ -99,18 +103,29 @@ def _timed(fn):
     return time.perf_counter() - start, _compiles[0] - before
 
 
-def _time_calls(first_call, new_shape_call, repeats):
+def _time_calls(first_call, new_shape_call, repeats, fewer_call=None, more_call=None):
     """Seconds and compilations: ``first_call`` once, again (median of ``repeats``),
-    then ``new_shape_call`` once."""
+    then ``new_shape_call``, ``fewer_call`` and ``more_call`` once each (where given)."""
     first, first_compiles = _timed(first_call)
     again = [_timed(first_call) for _ in range(repeats)]
     second = statistics.median(t for t, _ in again)
     new_shape, new_compiles = _timed(new_shape_call)
-    return {
+    out = {
         "first_s": first, "second_s": second, "ratio": first / second, "new_shape_s": new_shape,
         "first_compiles": first_compiles, "second_compiles": max(c for _, c in again),
         "new_shape_compiles": new_compiles,
     }
+    for name, call in (("fewer", fewer_call), ("more", more_call)):
+        if call is not None:
+            out[f"{name}_s"], out[f"{name}_compiles"] = _timed(call)
+    return out
+
+
+def _cell(row, name):
+    """``seconds (compilations)`` of a row's ``name`` call, or – where it was not run."""
+    if f"{name}_s" not in row:
+        return "–"
+    return f"{row[name + '_s']:.4f} ({row[name + '_compiles']})"
 
 
 def _fresh(guide):
@@ -123,6 +138,7 @@ def measure(name, args):
     entry = ZOO[name]
     model, model_args = entry.model, entry.args
     n, n_new = args.num_draws, args.new_num_draws
+    n_few, n_more = args.fewer_num_draws, args.more_num_draws
     guide = UHAGuide(model, K=args.K, warm_start_steps=args.warm_start_steps)
     params, _ = fit(model, guide, Trace_ELBO(), args.steps, args.learning_rate, 0, model_args)
     normal = AutoNormal(model)
@@ -132,6 +148,7 @@ def measure(name, args):
     draws = _fresh(guide).sample_posterior(jax.random.PRNGKey(9), params, *model_args, sample_shape=(n,))
     samples = {site: draws[site] for site in guide._init_locs}
     fewer = {site: value[:n_new] for site, value in samples.items()}
+    fewest = {site: value[:n_few] for site, value in samples.items()}
     key = jax.random.PRNGKey(1)
     q_draws, q_new = args.q_draws_per_draw * n, args.q_draws_per_draw * n_new
     bracket_batch = args.bracket_batch_size
@@ -156,21 +173,26 @@ def measure(name, args):
         jitted = jax.jit(lambda key, params: g.sample_posterior(key, params, *model_args, sample_shape=(m,)))
         return lambda: jitted(key, params)
 
+    def counts(call, g, *first, new=(), few=(), more=()):
+        """The first call's and the three other counts' calls of ``call`` on ``g``."""
+        return (call(g, *first, n), call(g, *new, n_new), args.repeats,
+                call(g, *few, n_few), call(g, *more, n_more))
+
     rows = {}
     g = _fresh(guide)
-    rows["UHA sample_posterior"] = _time_calls(sample_posterior(g, n), sample_posterior(g, n_new), args.repeats)
+    rows["UHA sample_posterior"] = _time_calls(*counts(sample_posterior, g))
     # the same draws in one program of the user's (no host-side work; a new shape is a
     # new program): the plain call's second time against the draws' own
     g = _fresh(guide)
-    rows["UHA sample_posterior in jax.jit"] = _time_calls(
-        sample_posterior_in_jit(g, n), sample_posterior_in_jit(g, n_new), args.repeats
-    )
+    rows["UHA sample_posterior in jax.jit"] = _time_calls(*counts(sample_posterior_in_jit, g))
     g = _fresh(guide)
-    rows["log_z"] = _time_calls(log_z_call(g, n), log_z_call(g, n_new), args.repeats)
+    rows["log_z"] = _time_calls(*counts(log_z_call, g))
     g = _fresh(guide)
-    rows["hais"] = _time_calls(hais_call(g, n), hais_call(g, n_new), args.repeats)
+    rows["hais"] = _time_calls(*counts(hais_call, g))
     g = _fresh(guide)
-    rows["sandwich"] = _time_calls(sandwich_call(g, samples, n), sandwich_call(g, fewer, n_new), args.repeats)
+    # fewer: fewer posterior draws too; more: more forward draws, the same posterior draws
+    rows["sandwich"] = _time_calls(*counts(
+        sandwich_call, g, samples, new=(fewer,), few=(fewest,), more=(samples,)))
     g = _fresh(guide)
     rows["log_z_bracket"] = _time_calls(
         bracket_call(g, samples, q_draws), bracket_call(g, fewer, q_new), args.repeats
@@ -214,8 +236,11 @@ def measure(name, args):
     def predictive_call(m):
         return lambda: Predictive(model, guide=normal, params=normal_params, num_samples=m)(key, *model_args)
 
-    rows["AutoNormal sample_posterior"] = _time_calls(normal_call(n), normal_call(n_new), args.repeats)
-    rows["Predictive (AutoNormal)"] = _time_calls(predictive_call(n), predictive_call(n_new), args.repeats)
+    rows["AutoNormal sample_posterior"] = _time_calls(
+        normal_call(n), normal_call(n_new), args.repeats, normal_call(n_few), normal_call(n_more))
+    rows["Predictive (AutoNormal)"] = _time_calls(
+        predictive_call(n), predictive_call(n_new), args.repeats, predictive_call(n_few),
+        predictive_call(n_more))
     return {"latent_dim": int(guide.latent_dim), "rows": rows}
 
 
@@ -246,12 +271,17 @@ def measure_local(name, args):
     def normal_call(m):
         return lambda: normal.sample_posterior(key, normal_params, *model_args, sample_shape=(m,))
 
+    n_few, n_more = args.fewer_num_draws, args.more_num_draws
     g = _fresh(guide)
     rows = {"UHALocalGuide sample_posterior": _time_calls(
-        sample_posterior(g, n), sample_posterior(g, n_new), args.repeats)}
+        sample_posterior(g, n), sample_posterior(g, n_new), args.repeats,
+        sample_posterior(g, n_few), sample_posterior(g, n_more))}
     g = _fresh(guide)
-    rows["UHALocalGuide log_z"] = _time_calls(log_z_call(g, n), log_z_call(g, n_new), args.repeats)
-    rows["AutoNormal sample_posterior"] = _time_calls(normal_call(n), normal_call(n_new), args.repeats)
+    rows["UHALocalGuide log_z"] = _time_calls(
+        log_z_call(g, n), log_z_call(g, n_new), args.repeats, log_z_call(g, n_few),
+        log_z_call(g, n_more))
+    rows["AutoNormal sample_posterior"] = _time_calls(
+        normal_call(n), normal_call(n_new), args.repeats, normal_call(n_few), normal_call(n_more))
     return {"latent_dim": f"{guide.latent_dim} per data point, B = {batch}", "rows": rows}
 
 
@@ -269,6 +299,11 @@ def main(argv=None):
                         help="draws (and posterior draws for sandwich / log_z_bracket) of the first calls")
     parser.add_argument("--new-num-draws", type=int, default=800,
                         help="the new shape: at the same chunk width (2^k or 3 * 2^(k-1)) as --num-draws")
+    parser.add_argument("--fewer-num-draws", type=int, default=100,
+                        help="a smaller count, at a narrower width of its own (a new chain program before "
+                             "wider widths were reused)")
+    parser.add_argument("--more-num-draws", type=int, default=3000,
+                        help="a count of several chunks")
     parser.add_argument("--q-draws-per-draw", type=int, default=10,
                         help="log_z_bracket's num_q_draws per draw")
     parser.add_argument("--bracket-batch-size", type=int, default=4096)
@@ -279,6 +314,7 @@ def main(argv=None):
     if args.smoke:
         args.models, args.K, args.steps, args.warm_start_steps = ["gp_rbf"], 2, 5, 10
         args.num_draws, args.new_num_draws, args.q_draws_per_draw = 40, 30, 2
+        args.fewer_num_draws, args.more_num_draws = 5, 90
         args.bracket_batch_size, args.repeats = 64, 1
         args.local_models, args.local_K = ["t_scale_mixture"], 2
 
@@ -305,7 +341,11 @@ def main(argv=None):
         f"second: the same call again (median of {args.repeats}); new shape: "
         f"{args.new_num_draws} instead of {args.num_draws} draws (sample_shape, num_draws, and "
         f"posterior draws for sandwich and log_z_bracket; log_z_bracket: {args.q_draws_per_draw} "
-        f"draws from q̂ per draw, batch_size {args.bracket_batch_size}), at the same chunk widths. "
+        f"draws from q̂ per draw, batch_size {args.bracket_batch_size}), at the same chunk widths; "
+        f"fewer: {args.fewer_num_draws} draws (a narrower width of their own: the chain program "
+        "of a wider width already compiled runs them, up to 16 times wider); more: "
+        f"{args.more_num_draws} draws (several chunks; sandwich: more forward draws, the same "
+        "posterior draws; log_z_bracket: not run, –). "
         "hais and sandwich with the guide's sample_batch_size. Seconds, wall clock; in brackets "
         "the XLA compilations the call ran (second: the most over the repeats). *Per-call jit*: "
         "the functional layer on guide.get_logdensity_fn, the guide-level path before this "
@@ -315,15 +355,17 @@ def main(argv=None):
         f"{args.local_K}, {args.steps} SVI steps, models of benchmarks.user_models_local): "
         "draws and log Z of the first B data points (log Z given the globals' posterior "
         "means), d its local dimension.\n\n"
-        "| model | d | function | first (s) | second (s) | first / second (target ≥ 10) | new shape (s) |\n"
-        "|---|---|---|---|---|---|---|\n"
+        "| model | d | function | first (s) | second (s) | first / second (target ≥ 10) | new shape (s) "
+        "| fewer (s) | more (s) |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
     )
     for name, result in [*results.items(), *local_results.items()]:
         for function, row in result["rows"].items():
             table += (
                 f"| {name} | {result['latent_dim']} | {function} | {row['first_s']:.3f} "
                 f"({row['first_compiles']}) | {row['second_s']:.4f} ({row['second_compiles']}) | "
-                f"{row['ratio']:.1f} | {row['new_shape_s']:.4f} ({row['new_shape_compiles']}) |\n"
+                f"{row['ratio']:.1f} | {row['new_shape_s']:.4f} ({row['new_shape_compiles']}) | "
+                f"{_cell(row, 'fewer')} | {_cell(row, 'more')} |\n"
             )
     path = write_results(
         args.name, {"settings": vars(args), "results": results, "local": local_results}, table

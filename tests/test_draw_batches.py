@@ -191,6 +191,11 @@ def test_a_new_sample_shape_reuses_the_compiled_draws():
         draws = guide.sample_posterior(key, params, y, sample_shape=(n,))
         np.testing.assert_allclose(draws["mu"], wide["mu"][:n], rtol=1e-6)
     assert compiled._cache_size() == 2
+    # several chunks at a cap of 6000: 3072 (at least half the cap) again, not 6000
+    guide.sample_batch_size = 6000
+    many = guide.sample_posterior(key, params, y, sample_shape=(10_000,))
+    assert compiled._cache_size() == 2
+    np.testing.assert_allclose(many["mu"][:3000], wide["mu"], rtol=1e-6)
 
 
 def test_log_z_reuses_the_compiled_draws_and_matches_the_chain_runner():

@@ -325,12 +325,17 @@ def log_spread(log_w):
     return float(np.max(finite) - np.mean(finite)) if finite.size else None
 
 
-def khat_counts(khat, num_finite, size, spread) -> bool:
+def khat_counts(khat, num_finite, size, spread):
     """Whether k̂ says the fit is poor: k̂ ≥ ``KHAT_BAD`` (finite), unless every draw is
     finite and the largest log weight lies within :data:`BOUNDED_LOG_SPREAD` of their
-    mean (``spread``)."""
-    bounded = spread is not None and num_finite == size and spread <= BOUNDED_LOG_SPREAD
-    return math.isfinite(khat) and khat >= KHAT_BAD and not bounded
+    mean (``spread``; ``None`` or NaN where unknown). A ``bool`` for one set of weights;
+    element by element (a boolean array) where the arguments are arrays, one entry per
+    set (``UHALocalGuide.log_z``'s data points)."""
+    spread = np.asarray(np.nan if spread is None else spread, np.float64)
+    bounded = (np.asarray(num_finite) == size) & (spread <= BOUNDED_LOG_SPREAD)
+    khat = np.asarray(khat, np.float64)
+    counts = np.isfinite(khat) & (khat >= KHAT_BAD) & ~bounded
+    return bool(counts) if counts.ndim == 0 else counts
 
 
 def _warn_poor_fit(

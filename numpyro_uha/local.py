@@ -72,7 +72,7 @@ from numpyro_uha._divergence import (
     gate,
 )
 from numpyro_uha._weights import (
-    BOUNDED_LOG_SPREAD, KHAT_BAD, khat_counts, log_spread, psis_khat, psis_khat_columns,
+    KHAT_BAD, khat_counts, log_spread, psis_khat, psis_khat_columns,
 )
 from numpyro_uha.core.batching import reuse_width, signature_of
 from numpyro_uha.core.sharding import leading_axis_sharding, num_shards, shard_leading
@@ -1750,9 +1750,10 @@ class UHALocalGuide(AutoGuide):
         # the data points' indices (log_weights checked subsample_idx; without it, the
         # chains are those of the first B data points, as _subsample gives)
         idx = np.arange(log_w.shape[1]) if subsample_idx is None else np.asarray(subsample_idx)
-        # _khat_counts_of, point by point: the spread counts only where every draw is finite
-        bounded = (column["num_nonfinite"] == 0) & (column["spread"] <= BOUNDED_LOG_SPREAD)
-        heavy = np.isfinite(khat) & (khat >= KHAT_BAD) & ~bounded
+        num_samples = log_w.shape[0]
+        heavy = khat_counts(
+            khat, num_samples - column["num_nonfinite"], num_samples, column["spread"]
+        )
         _warn_if_points_fit_poorly(
             heavy, column["num_nonfinite"], log_w.shape[0], idx, self.per_data_point,
             column["ess"],

@@ -338,3 +338,21 @@ def test_the_draws_do_not_take_a_high_khat_of_nearly_equal_weights_for_a_poor_fi
     log_w = np.asarray(draws.log_weights, np.float64)
     assert log_w.max() - log_w.mean() < np.log(2.0)  # the case this is about
     assert not [w for w in caught if issubclass(w.category, UHAFitWarning)]
+
+
+def test_khat_counts_element_by_element_is_its_rule_set_by_set():
+    """khat_counts over arrays (UHALocalGuide.log_z's data points at once) gives, entry
+    by entry, its answer for one set of weights: k̂ ≥ 0.7 and finite counts, unless every
+    draw is finite and the spread is at most log 2 (unknown spread: NaN or None)."""
+    from numpyro_uha._weights import BOUNDED_LOG_SPREAD, khat_counts
+
+    size = 100
+    khat = np.array([0.8, 0.8, 0.8, 0.8, 0.5, np.inf, -np.inf, 0.8, 0.7])
+    num_finite = np.array([100, 99, 100, 100, 100, 100, 100, 100, 100])
+    spread = np.array([0.1, 0.1, 2.0, np.nan, 0.1, 2.0, 2.0, BOUNDED_LOG_SPREAD, 1.0])
+    want = np.array([False, True, True, True, False, False, False, False, True])
+    got = khat_counts(khat, num_finite, size, spread)
+    np.testing.assert_array_equal(got, want)
+    for k, f, s, w in zip(khat, num_finite, spread, want):
+        one = khat_counts(float(k), int(f), size, None if np.isnan(s) else float(s))
+        assert one is bool(w)

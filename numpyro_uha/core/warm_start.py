@@ -75,6 +75,7 @@ import numpy as np
 import optax
 
 from numpyro_uha.core import executables
+from numpyro_uha.core.batching import aval_key
 from numpyro_uha.core.gaussian import gaussian_logpdf, gaussian_sample
 from numpyro_uha.core.vi import _raw_to_scale, _scale_to_raw
 
@@ -288,7 +289,7 @@ def small_jit(static_argnums=()):
             static = tuple(args[i] for i in static_argnums)
             dynamic = tuple(a for i, a in enumerate(args) if i not in static_argnums)
             leaves, tree = jax.tree.flatten(dynamic)
-            signature = (platform, static, tree, tuple(map(_aval_key, leaves)))
+            signature = (platform, static, tree, tuple(map(aval_key, leaves)))
             executable = call.executables.get(signature)
             if executable is None:
                 executable = executables.load_or_compile(
@@ -301,18 +302,6 @@ def small_jit(static_argnums=()):
         return call
 
     return decorate
-
-
-def _aval_key(leaf) -> tuple:
-    """(shape, dtype, weak type) of an argument, as :func:`jax.typeof` gives them, read
-    directly from arrays and NumPy scalars (``jax.typeof`` took a fifth of a step's
-    dispatch on a NumPy scalar); other leaves (Python numbers) through ``jax.typeof``."""
-    if isinstance(leaf, jax.Array):
-        return leaf.shape, leaf.dtype, leaf.weak_type
-    if isinstance(leaf, (np.ndarray, np.generic)):  # float64 is float32 without x64
-        return leaf.shape, jax.dtypes.canonicalize_dtype(leaf.dtype), False
-    aval = jax.typeof(leaf)
-    return aval.shape, aval.dtype, aval.weak_type
 
 
 def _loop(host, n: int, body, carry):

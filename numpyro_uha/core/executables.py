@@ -35,7 +35,9 @@ program. A file that cannot be read, written or loaded is compiled instead: the 
 never fails a run and never changes a result (a loaded executable is the same machine
 code as the compiled one). Each file carries the SHA-256 of its contents, checked before
 XLA reads them (a damaged executable can kill the process in native code, where no
-``except`` reaches).
+``except`` reaches). XLA's C++ log is silenced while a file loads (see
+:class:`_QuietLoader`: on some CPUs the loader warns of SIGILL for every executable,
+even one compiled on the same host).
 """
 
 from __future__ import annotations
@@ -226,6 +228,61 @@ def _ready_for_lapack() -> None:
                 _lapack_ready.append(True)
 
 
+#: absl's severities, as JAX maps its ``jax_logging_level`` onto them.
+_ABSL_LEVEL = {"DEBUG": 0, "INFO": 0, "WARN": 1, "WARNING": 1, "ERROR": 2, "CRITICAL": 3,
+               "FATAL": 3}
+_quiet = [0]
+
+
+def _process_log_level() -> int:
+    """The C++ log level the process runs at: JAX's ``jax_logging_level`` where set, else
+    ``TF_CPP_MIN_LOG_LEVEL`` (which ``import jax`` sets to 1 where the user did not)."""
+    level = jax.config.jax_logging_level
+    if level not in (None, "NOTSET") and level in _ABSL_LEVEL:
+        return _ABSL_LEVEL[level]
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"))
+    except ValueError:
+        return 1
+
+
+class _QuietLoader:
+    """Silence XLA's C++ log while a cached executable loads.
+
+    XLA:CPU's loader compares the features the executable was compiled for with the
+    host's, and on some CPUs (AMD Zen 4 with jaxlib 0.10) the compile side lists LLVM's
+    tuning flags (``+prefer-no-gather``, ``+prefer-no-scatter``) that the host side never
+    lists: every load logs two error lines ending "could lead to execution errors such as
+    SIGILL" for an executable compiled on this very machine. A file of this cache is only
+    ever read on a host with the same instruction-set flags (they are in its key), so
+    those lines say nothing here; a load that does fail raises, and the step compiles
+    instead. The log level is process-wide: it is raised to FATAL only while a load runs
+    (milliseconds; counted, for loads in several threads at once) and put back to the
+    process's level after."""
+
+    def __enter__(self):
+        with _lock:
+            if _quiet[0] == 0:
+                _set_log_level(3)
+            _quiet[0] += 1
+
+    def __exit__(self, *exc):
+        with _lock:
+            _quiet[0] -= 1
+            if _quiet[0] == 0:
+                _set_log_level(_process_log_level())
+        return False
+
+
+def _set_log_level(level: int) -> None:
+    try:
+        from jax._src.lib import utils
+
+        utils.absl_set_min_log_level(level)
+    except Exception:  # noqa: BLE001 - a jaxlib without it: the lines are only noise
+        pass
+
+
 def load_or_compile(jitted, args, folder: Path, compiler_options=None, call=None):
     """The executable of ``jitted`` (a ``jax.jit`` function) at ``args`` (static
     arguments included, as for a call), read from ``folder`` when a file holds it, else
@@ -254,7 +311,9 @@ def load_or_compile(jitted, args, folder: Path, compiler_options=None, call=None
         _ready_for_lapack()
         try:
             payload, in_tree, out_tree = pickle.loads(_checked(stored))
-            executable = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+            with _QuietLoader():
+                executable = serialize_executable.deserialize_and_load(
+                    payload, in_tree, out_tree)
         except Exception:  # noqa: BLE001 - a damaged or foreign file: compile instead
             with _lock:
                 stats["failed"] += 1

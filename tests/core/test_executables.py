@@ -265,3 +265,73 @@ def test_processes_of_jax_distributed_are_not_cached(monkeypatch, tmp_path):
     assert executables.active("cpu") == tmp_path
     monkeypatch.setattr(executables.jax, "process_count", lambda: 2)
     assert executables.active("cpu") is None
+
+
+_LOADER_CHILD = r"""
+import sys
+import jax, jax.numpy as jnp
+from jax.experimental import serialize_executable
+from numpyro_uha.core import executables
+
+def step(x, n):
+    return jnp.cumsum(x[:n] ** 2) * 0.5
+
+folder, x = sys.argv[1], jnp.arange(4.0)
+jitted = jax.jit(step, static_argnums=(1,))
+executables.load_or_compile(jitted, (x, 3), executables.Path(folder))  # compiled, written
+raw = serialize_executable.serialize(jitted.lower(x, 3).compile())
+
+def phase(name, load):
+    print(f"PHASE {name}", file=sys.stderr, flush=True)
+    exe = load()
+    assert float(exe(x)[-1]) == 2.5
+    print(f"END {name}", file=sys.stderr, flush=True)
+
+phase("raw", lambda: serialize_executable.deserialize_and_load(*raw))
+phase("cache", lambda: executables.load_or_compile(jitted, (x, 3), executables.Path(folder)))
+phase("raw_after", lambda: serialize_executable.deserialize_and_load(*raw))
+print("LOADED", executables.stats["loaded"], file=sys.stderr, flush=True)
+"""
+
+
+def test_loading_from_the_cache_prints_no_loader_alarm_and_the_log_level_comes_back(tmp_path):
+    """XLA:CPU's loader logs a "could lead to ... SIGILL" error for every executable
+    compiled on this very host on some CPUs (tuning flags it cannot see on the host side).
+    Loads from the cache are silent; a load outside it, after, logs as before."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    out = subprocess.run([sys.executable, "-c", _LOADER_CHILD, str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=300, check=True)
+
+    def logged(name):
+        block = out.stderr.split(f"PHASE {name}\n", 1)[1].split(f"END {name}\n", 1)[0]
+        return [line for line in block.splitlines() if line.strip()]
+
+    assert "LOADED 1" in out.stderr, out.stderr[-2000:]
+    raw = logged("raw")
+    if not raw:
+        pytest.skip("XLA's loader logs nothing on this host: nothing to silence")
+    assert logged("cache") == []
+    assert len(logged("raw_after")) == len(raw)  # the process's level is back
+
+
+def test_the_quiet_loader_counts_nested_loads_and_puts_the_process_level_back(monkeypatch):
+    levels = []
+    monkeypatch.setattr(executables, "_set_log_level", levels.append)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    with executables._QuietLoader():
+        with executables._QuietLoader():  # a second thread's load, inside the first
+            pass
+        assert levels == [3]  # still quiet: the first load has not finished
+    assert levels == [3, 2]
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    jax.config.update("jax_logging_level", "ERROR")
+    try:
+        with executables._QuietLoader():
+            pass
+    finally:
+        jax.config.update("jax_logging_level", "NOTSET")
+    assert levels == [3, 2, 3, 2]  # JAX's own setting wins over the environment
+    with executables._QuietLoader():
+        pass
+    assert levels == [3, 2, 3, 2, 3, 0]

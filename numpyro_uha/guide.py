@@ -611,7 +611,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
     By default q is first fitted by plain Gaussian VI on the first call's data, the
     paper's starting point, robustly to the posterior's scales
     (:func:`~numpyro_uha.core.warm_start.warm_start`: an L-BFGS mode and its Laplace
-    scales, then ``warm_start_steps`` Adam steps of VI from three starts, the best kept;
+    scales, then ``warm_start_steps`` Adam steps of VI from three starts, the best kept,
+    unless the Laplace approximation is within 0.02 nats of the posterior already;
     a warning says when it had not converged; the log density compiled in two small
     programs, the loops run in Python around them), and Σ is set to the inverse of q's
     variances so that ε is in units of the posterior scale. After a warm start (or
@@ -677,7 +678,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         init_damping: initial η in [0, 1).
         frozen: names of groups that are not learned (see above).
         warm_start_steps: plain-VI steps fitting q at initialization (0 disables the warm
-            start, and with it the preconditioning, the step ceiling and the force bound).
+            start, and with it the preconditioning, the step ceiling and the force bound;
+            none are run where the Laplace approximation's KL to the posterior is below
+            0.02 nats, as on large data).
         warm_start_learning_rate: peak Adam learning rate of the warm start.
         init_from: ``(fitted_guide, fitted_params)`` of an ``AutoNormal``,
             ``AutoDiagonalNormal`` or ``AutoMultivariateNormal`` trained on the same model:
@@ -2962,10 +2965,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         Draws are computed vectorized, in chunks of at most ``sample_batch_size``, so
         large ``sample_shape`` fit in memory. The chunk width is 2^k or 3 · 2^(k-1) (64,
         96, 128, 192, ... up to ``sample_batch_size``), and the chain is compiled once per
-        width: a new ``sample_shape`` of at least ``sample_batch_size`` draws, or one
-        that rounds up to an already used width, reuses it (draws that fit in one chunk
-        split their key in the same program as the chain, one call to the device, so a
-        width used both ways is compiled twice). Draw ``i`` is the same for every
+        width, every chunk in the same program (its keys derived from the raw key and the
+        chunk's offset): a new ``sample_shape`` runs at the narrowest width already
+        compiled that holds it, up to 16 times wider than it needs (draws that need
+        several chunks: a width of at least half ``sample_batch_size``), so it rarely
+        compiles the chain again. Draw ``i`` is the same for every
         ``sample_shape`` with more than ``i`` draws (same key). Returns a dict of constrained latent and
         deterministic site values with leading shape ``sample_shape``.
 

@@ -36,7 +36,7 @@ never fails a run and never changes a result (a loaded executable is the same ma
 code as the compiled one). Each file carries the SHA-256 of its contents, checked before
 XLA reads them (a damaged executable can kill the process in native code, where no
 ``except`` reaches). XLA's C++ log is silenced while a file loads (see
-:class:`_QuietLoader`: on some CPUs the loader warns of SIGILL for every executable,
+``_QuietLoader``: on some CPUs the loader warns of SIGILL for every executable,
 even one compiled on the same host).
 """
 

@@ -42,6 +42,17 @@ posterior's scales, then runs the same VI in coordinates where every scale is ab
 The result says whether the VI converged (the mean loss over the last tenth of the steps
 no lower than over the tenth before, within two standard errors).
 
+**The VI skipped where the Laplace approximation is already the posterior.** Before step
+3 the Laplace approximation is scored (its log weights at the draws every fit is scored
+at); where its KL to the posterior, log Z − ELBO, is within ``laplace_tolerance`` (0.02
+nats: half the log weights' variance plus two standard errors, and the
+importance-weighted bound's gap, see :func:`laplace_close`), no Gaussian can do
+measurably better and the VI is not run. This is the large-data case (a logistic
+regression on 10⁵ rows: the VI's 1000 × 24 full-data gradients were 12 of an 18 s
+setup) and the Gaussian one; a hierarchical, skewed or correlated (for a diagonal q)
+posterior is far above the tolerance and runs the VI as before. Only where the loops run
+in Python (under a JAX transform the VI always runs).
+
 **Compiled once, driven from Python.** Every stage needs the log density in only two
 ways: its value and gradient at a batch of rows, and Hessian-vector products at a batch
 of rows (a :class:`RowsOracle`). With concrete inputs and a compiled oracle
@@ -87,6 +98,7 @@ __all__ = [
     "difference_oracle",
     "find_mode",
     "hessian_matrix",
+    "laplace_close",
     "loss_decrease",
     "max_curvature",
     "oracle_log_weights",
@@ -1047,6 +1059,37 @@ def _pick(fits, starts, scales, full_rank, tail):
     return locs[best], fitted[best], all_losses[best], best.astype(jnp.int32), _converged(all_losses[best])
 
 
+#: :func:`warm_start`'s default ``laplace_tolerance``, in nats: below the VI's own noise
+#: at the end of its default 1000 steps (its fit was 0.06 nats *worse* than the Laplace
+#: approximation on a 10 000-point logistic regression whose Laplace KL was 0.014).
+LAPLACE_TOLERANCE = 0.02
+
+
+@small_jit(static_argnums=(3,))
+def _laplace_q(starts, scales, unit_scales, full_rank):
+    """The Laplace start (the last) as a q in the model's coordinates."""
+    loc, s, unit = starts[-1], scales[-1], unit_scales[-1]
+    return loc, (s[:, None] * unit if full_rank and unit.ndim == 2 else s * unit)
+
+
+def laplace_close(log_weights, tolerance: float) -> bool:
+    """Whether a q whose log weights log p̄ − log q at draws from q are
+    ``log_weights`` is within ``tolerance`` nats of the posterior: every weight finite,
+    half their variance (KL(q‖p) to second order) plus two of its standard errors, and
+    the gap between the importance-weighted bound and the ELBO (a lower bound on
+    KL(q‖p) that a heavy right tail of the weights inflates), both at most
+    ``tolerance``."""
+    lw = np.asarray(log_weights, np.float64)
+    n = lw.shape[0]
+    if n < 2 or not np.all(np.isfinite(lw)):
+        return False
+    dev = lw - lw.mean()
+    var = float(np.mean(dev**2)) * n / (n - 1)
+    var_se = float(np.sqrt(max(np.mean(dev**4) - np.mean(dev**2) ** 2, 0.0) / n))
+    gap = float(np.log(np.mean(np.exp(dev))))
+    return 0.5 * (var + 2.0 * var_se) <= tolerance and gap <= tolerance
+
+
 def loss_decrease(losses, xp=np):
     """How much the VI's loss fell at the end: (mean over the second-last tenth of the
     steps − mean over the last tenth, its standard error), in nats; ``None`` with fewer
@@ -1082,6 +1125,7 @@ def warm_start(
     oracle: RowsOracle | None = None,
     vi_iterations: int | None = None,
     callback: Callable[[int], None] | None = None,
+    laplace_tolerance: float | None = LAPLACE_TOLERANCE,
 ) -> WarmStart:
     """Fit q to the posterior, robust to its scales (see the module docstring).
 
@@ -1094,6 +1138,17 @@ def warm_start(
     compiled. ``callback(n)`` is called after each VI step with the number of steps done,
     where the loops run in Python (a compiled oracle and concrete inputs; not inside
     ``lax`` loops): a progress bar's hook.
+
+    ``laplace_tolerance`` (nats; ``None``: off): where the loops run in Python, the
+    Laplace approximation is scored at ``num_score_draws`` draws before the VI, and
+    where :func:`laplace_close` finds it within ``laplace_tolerance`` of the posterior
+    (KL(q‖p) = log Z − ELBO, estimated by half the variance of its log weights, plus two
+    standard errors, and by the importance-weighted bound's gap), the VI is skipped:
+    no fit of a Gaussian can gain more than that KL, and it is already below what the
+    VI's own noise leaves (a large-data posterior is this close to Gaussian, where the
+    VI's ``num_steps`` full-data gradients dominate the start's cost). The result is
+    then the Laplace q (``start`` 2, ``converged``, no ``losses``), its log weights
+    those of the check (the same draws the kept fit is scored at otherwise).
     """
     init_loc = jnp.asarray(init_loc)
     oracle, host = resolve_oracle(logdensity_fn, oracle, rng_key, init_loc, fallback_scale)
@@ -1119,6 +1174,17 @@ def warm_start(
     if laplace_full:
         unit_scales = _laplace_units(unit_scales, hessian, scale1, host=host)
 
+    if host is not False and laplace_tolerance is not None:
+        # the Laplace approximation scored first: VI cannot gain more than its KL
+        lap_loc, lap_scale = _laplace_q(starts, scales, unit_scales, full_rank, host=host)
+        lap_weights = oracle_log_weights(
+            oracle, score_key, lap_loc, lap_scale, num_score_draws, rows
+        )
+        if vi_iterations is None and laplace_close(lap_weights, laplace_tolerance):
+            return WarmStart(
+                lap_loc, lap_scale, np.zeros((0,), init_loc.dtype), np.int32(2),
+                lap_weights, np.bool_(True),
+            )
     fits = _fit_starts(
         oracle, host, fit_key, starts, scales, unit_scales, full_rank, num_steps,
         learning_rate, num_particles, vi_iterations, callback,

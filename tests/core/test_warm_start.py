@@ -33,7 +33,9 @@ from numpyro_uha.core.warm_start import (
     curvature_scale,
     difference_oracle,
     find_mode,
+    LAPLACE_TOLERANCE,
     hessian_matrix,
+    laplace_close,
     max_curvature,
     quick_compiler_options,
     rows_oracle,
@@ -78,8 +80,11 @@ INIT = jnp.asarray(np.random.default_rng(0).uniform(-2, 2, size=5), jnp.float32)
 @pytest.mark.parametrize("full_rank", [False, True], ids=["diagonal", "full-rank"])
 def test_python_driven_and_traced_runs_agree(full_rank):
     key = jax.random.PRNGKey(0)
+    # the Laplace check runs only where the loops run in Python (the full-rank Laplace
+    # start is exact here and would end the host run before its VI)
     host = warm_start(
-        key, None, INIT, 0.1, num_steps=300, oracle=rows_oracle(regression), full_rank=full_rank
+        key, None, INIT, 0.1, num_steps=300, oracle=rows_oracle(regression), full_rank=full_rank,
+        laplace_tolerance=None,
     )
     traced = jax.jit(
         lambda k: warm_start(k, regression, INIT, 0.1, num_steps=300, full_rank=full_rank)
@@ -531,3 +536,78 @@ def test_line_search_points_stay_within_a_reach_that_grows_only_as_needed():
     mode, _ = find_mode(None, INIT, s0, oracle=oracle)
     sd = np.sqrt(np.diag(np.linalg.inv(precision)))
     np.testing.assert_array_less(np.abs(np.asarray(mode) - mean) / sd, 1e-2)
+
+
+def _gamma_posterior(shape):
+    """log density of log x for x ~ Gamma(shape, 1): skewed for a small shape, nearly
+    Gaussian for a large one (the Laplace approximation's KL falls as 1/shape)."""
+    def logdensity(z):
+        return jnp.sum(shape * z - jnp.exp(z))
+
+    return logdensity
+
+
+@pytest.mark.parametrize("full_rank", [False, True], ids=["diagonal", "full-rank"])
+def test_an_exact_laplace_approximation_skips_the_vi(full_rank):
+    """A Gaussian posterior: the Laplace start is the posterior, so no VI can improve it;
+    the warm start returns it with the log weights it was checked with (their variance
+    is zero), without running any VI step."""
+    if full_rank:
+        logdensity, cov, mean = _correlated()
+    else:  # a diagonal q is exact only where the posterior's coordinates are independent
+        sd = jnp.asarray([1e-2, 1.0, 1e2, 0.5, 3.0])
+
+        def logdensity(z):
+            return -0.5 * jnp.sum(((z - 1.0) / sd) ** 2)
+    calls = []
+    oracle = rows_oracle(logdensity)
+    counted = oracle._replace(value_and_grad=lambda z: calls.append(z.shape) or oracle.value_and_grad(z))
+    fit = warm_start(jax.random.PRNGKey(0), None, jnp.zeros(5), 0.1, full_rank=full_rank,
+                     num_steps=500, oracle=counted)
+    assert fit.losses.shape == (0,) and int(fit.start) == 2 and bool(fit.converged)
+    # far fewer value-and-gradient calls than one per VI step (mode search + scoring)
+    assert len(calls) < 250
+    lw = np.asarray(fit.log_weights, np.float64)
+    assert lw.shape == (256,) and np.std(lw) < 1e-2  # log Z = log p̄'s normalizer, exactly
+    ref = warm_start(jax.random.PRNGKey(0), None, jnp.zeros(5), 0.1, full_rank=full_rank,
+                     num_steps=500, oracle=oracle, laplace_tolerance=None)
+    assert ref.losses.shape == (500,)
+    # the kept q is scored at the same draws either way: the skipped VI loses nothing
+    assert np.mean(lw) >= np.mean(np.asarray(ref.log_weights)) - 2 * np.std(lw) / 16
+
+
+def test_a_skewed_posterior_runs_the_vi_and_a_nearly_gaussian_one_does_not():
+    key, init = jax.random.PRNGKey(1), jnp.zeros(3)
+    skewed = warm_start(key, None, init, 1.0, num_steps=300, oracle=rows_oracle(_gamma_posterior(2.0)))
+    assert skewed.losses.shape == (300,)
+    close = warm_start(key, None, init, 1.0, num_steps=300, oracle=rows_oracle(_gamma_posterior(2000.0)))
+    assert close.losses.shape == (0,)
+    # shape 20: a Laplace KL of about 0.03 nats, above the default tolerance, below 0.2
+    middle = rows_oracle(_gamma_posterior(20.0))
+    assert warm_start(key, None, init, 1.0, num_steps=300, oracle=middle).losses.shape == (300,)
+    loose = warm_start(key, None, init, 1.0, num_steps=300, oracle=middle, laplace_tolerance=0.2)
+    assert loose.losses.shape == (0,)
+
+
+def test_laplace_close_bounds_half_the_variance_and_the_bounds_gap():
+    rng = np.random.default_rng(0)
+    e = rng.normal(size=4000)
+    tol = LAPLACE_TOLERANCE
+    # half the variance (KL to second order) just below the tolerance passes ...
+    assert laplace_close(-3.0 + np.sqrt(2 * tol * 0.8) * e, tol)
+    # ... and just above it does not; nor within two standard errors of it at 256 draws
+    assert not laplace_close(-3.0 + np.sqrt(2 * tol * 1.1) * e, tol)
+    assert not laplace_close(np.sqrt(2 * tol * 0.9) * e[:256], tol)
+    assert laplace_close(np.sqrt(2 * tol * 0.6) * e[:256], tol)
+    # one draw far out in the right tail: the variance may pass, the bounds' gap does not
+    tail = np.sqrt(2 * tol * 0.3) * e[:2000]
+    tail[0] = 9.0
+    assert 0.5 * np.var(tail) > tol or not laplace_close(tail, tol)
+    spike = np.sqrt(2 * tol * 0.1) * e[:2000]
+    spike[0] = 4.0
+    assert 0.5 * np.var(spike) <= tol and not laplace_close(spike, tol)
+    # a diverged draw, or a single one: never close
+    bad = np.zeros(256)
+    bad[3] = -np.inf
+    assert not laplace_close(bad, tol) and not laplace_close(np.zeros(1), tol)
+    assert laplace_close(np.zeros(256), tol)

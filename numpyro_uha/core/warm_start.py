@@ -1078,7 +1078,8 @@ def laplace_close(log_weights, tolerance: float) -> bool:
     half their variance (KL(q‖p) to second order) plus two of its standard errors, and
     the gap between the importance-weighted bound and the ELBO (a lower bound on
     KL(q‖p) that a heavy right tail of the weights inflates), both at most
-    ``tolerance``."""
+    ``tolerance``. The KL is as q's own draws see it: a second mode they never reach
+    does not show (nor does it to the VI, whose draws come from the same kind of q)."""
     lw = np.asarray(log_weights, np.float64)
     n = lw.shape[0]
     if n < 2 or not np.all(np.isfinite(lw)):

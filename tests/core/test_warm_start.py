@@ -569,6 +569,16 @@ def test_an_exact_laplace_approximation_skips_the_vi(full_rank):
     assert len(calls) < 250
     lw = np.asarray(fit.log_weights, np.float64)
     assert lw.shape == (256,) and np.std(lw) < 1e-2  # log Z = log p̄'s normalizer, exactly
+    # the q returned is the posterior itself
+    scale = np.asarray(fit.scale, np.float64)
+    if full_rank:
+        marginal = np.sqrt(np.diag(cov))
+        norm = np.outer(marginal, marginal)
+        np.testing.assert_allclose(scale @ scale.T / norm, cov / norm, atol=0.01)
+        np.testing.assert_array_less(np.abs(np.asarray(fit.loc) - mean) / marginal, 0.01)
+    else:
+        np.testing.assert_allclose(scale, sd, rtol=1e-3)
+        np.testing.assert_allclose(fit.loc, np.ones(5), atol=1e-3 * float(sd.max()))
     ref = warm_start(jax.random.PRNGKey(0), None, jnp.zeros(5), 0.1, full_rank=full_rank,
                      num_steps=500, oracle=oracle, laplace_tolerance=None)
     assert ref.losses.shape == (500,)

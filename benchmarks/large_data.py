@@ -21,7 +21,8 @@ Each tree's compiled model-free steps are put on disk by an untimed process firs
 user's earlier session would); ``svi.init`` is the median of ``--repeats`` processes.
 
 Run: ``python -m benchmarks.large_data [--sizes 10000 100000] [--idata-n 300000]
-[--repeats 3] [--walk-steps 20000] [--baseline REF]``. Writes ``benchmarks/results/large_data.{json,md}``.
+[--repeats 3] [--walk-steps 20000] [--baseline REF] [--name large_data] [--smoke]``. Writes
+``benchmarks/results/<name>.{json,md}``; ``--smoke``: tiny sizes, one repeat.
 """
 
 from __future__ import annotations
@@ -122,7 +123,12 @@ def main(argv=None):
     parser.add_argument("--baseline", default=None, help="a git revision to compare with")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--walk-steps", type=int, default=20_000, help="0: no random walk")
+    parser.add_argument("--name", default="large_data")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, one repeat: checks that the script runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.idata_n, args.repeats, args.walk_steps = [500], 500, 1, 50
     root = Path(__file__).resolve().parents[1]
     baseline_tree = None
     if args.baseline:
@@ -207,7 +213,7 @@ def main(argv=None):
     payload = {"sizes": args.sizes, "idata_n": args.idata_n, "baseline": args.baseline,
                "repeats": args.repeats, "walk_steps": args.walk_steps, "walk": walk,
                "init": {str(n): cells for n, cells in rows.items()}, "idata": idata}
-    path = write_results("large_data", payload, "\n".join(lines))
+    path = write_results(args.name, payload, "\n".join(lines))
     print(path.read_text())
 
 

@@ -1085,9 +1085,13 @@ def laplace_close(log_weights, tolerance: float) -> bool:
     if n < 2 or not np.all(np.isfinite(lw)):
         return False
     dev = lw - lw.mean()
-    var = float(np.mean(dev**2)) * n / (n - 1)
-    var_se = float(np.sqrt(max(np.mean(dev**4) - np.mean(dev**2) ** 2, 0.0) / n))
-    gap = float(np.log(np.mean(np.exp(dev))))
+    square = dev**2
+    var = float(np.mean(square)) * n / (n - 1)
+    if not 0.5 * var <= tolerance:  # far off (its higher moments may overflow): no
+        return False
+    var_se = float(np.sqrt(max(np.mean(square**2) - np.mean(square) ** 2, 0.0) / n))
+    top = float(dev.max())
+    gap = top + float(np.log(np.mean(np.exp(dev - top))))  # log-mean-exp, without overflow
     return 0.5 * (var + 2.0 * var_se) <= tolerance and gap <= tolerance
 
 

@@ -65,6 +65,16 @@ def minibatch_bound(model, guide, params, model_args, num_batches: int, first_se
     return float(bounds.mean()), float(bounds.std(ddof=1) / np.sqrt(num_batches))
 
 
+def median_time(fn, repeats, *args) -> float:
+    """Median wall-clock seconds of ``fn(*args)`` (waited for) over ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 def xla_cost(compiled) -> dict:
     """XLA's cost analysis of a compiled program (``flops``, ``bytes accessed``, ...);
     older jax returns one dict per device program, of which the first is taken."""

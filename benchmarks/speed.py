@@ -24,7 +24,6 @@ ratio over runs and its range. Ratios are measured in the same process:
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import jax
@@ -35,18 +34,9 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoDAIS
 from numpyro.infer.util import potential_energy
 
-from benchmarks.common import write_results
+from benchmarks.common import median_time, write_results
 from numpyro_uha import UHAGuide
 from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
-
-
-def _median_time(fn, repeats, *args):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def svi_step_time(model, guide, X, y, num_particles, steps, repeats):
@@ -62,7 +52,7 @@ def svi_step_time(model, guide, X, y, num_particles, steps, repeats):
         return jax.lax.scan(body, state, None, length=steps)
 
     jax.block_until_ready(run(state))  # compile
-    return _median_time(run, repeats, state) / steps, svi, state
+    return median_time(run, repeats, state) / steps, svi, state
 
 
 def cost_floor(model, X, y, latent_dim, K, num_particles, repeats, noise=False):
@@ -89,7 +79,7 @@ def cost_floor(model, X, y, latent_dim, K, num_particles, repeats, noise=False):
     z = 0.01 * jax.random.normal(jax.random.PRNGKey(1), (num_particles, latent_dim))
     keys = jax.random.split(jax.random.PRNGKey(2), num_particles)
     jax.block_until_ready(run(z, keys))
-    return _median_time(run, repeats, z, keys)
+    return median_time(run, repeats, z, keys)
 
 
 def sample_time(guide, params, X, y, num_draws, repeats):
@@ -101,7 +91,7 @@ def sample_time(guide, params, X, y, num_draws, repeats):
     # timed: on the H200, 10 000 sonar draws took 4.0 ms a call that way, 2.9-3.0 ms with
     # the key made once; benchmarks/results/gpu_h200_1128)
     key = jax.random.PRNGKey(3)
-    steady = _median_time(
+    steady = median_time(
         lambda: guide.sample_posterior(key, params, X, y, sample_shape=(num_draws,)),
         repeats,
     )

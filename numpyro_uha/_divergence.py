@@ -41,6 +41,10 @@ from jax.custom_batching import custom_vmap
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import IdentityTransform, biject_to
 
+# A leapfrog step whose energy error exceeds this many nats has diverged (as in NUTS);
+# the core's deferred chains (annealed_sample's deferred_diagnostics) use the same rule.
+from numpyro_uha.core.annealing import DIVERGENCE_ENERGY
+
 __all__ = [
     "UHADivergenceError",
     "UHADivergenceWarning",
@@ -55,9 +59,6 @@ __all__ = [
     "finite_guard",
 ]
 
-#: A leapfrog step whose energy error exceeds this many nats has diverged (as in NUTS).
-DIVERGENCE_ENERGY = 1000.0
-
 
 def diverged(log_weight, log_accept_ratio):
     """Whether a chain diverged (per chain, over the last axis of ``log_accept_ratio``):
@@ -65,7 +66,9 @@ def diverged(log_weight, log_accept_ratio):
     :data:`DIVERGENCE_ENERGY` nats (NUTS's rule). The weight is then e^-1000 of the
     others', nothing, while its gradient, through Jacobians grown exponentially along
     the trajectory, can be 1e16 or NaN and would swamp Adam's moment estimates for
-    thousands of steps. No gradient."""
+    thousands of steps. No gradient. (``UHAGuide``'s training chains make the same flag
+    themselves, checking step by step only the chains that are not calm:
+    ``numpyro_uha.core.annealed_sample``'s ``deferred_diagnostics``.)"""
     stop = jax.lax.stop_gradient
     energy_error = jnp.abs(stop(log_accept_ratio))
     return ~jnp.isfinite(stop(log_weight)) | jnp.any(energy_error > DIVERGENCE_ENERGY, axis=-1)

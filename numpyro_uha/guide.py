@@ -1209,6 +1209,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             num_leapfrog_steps=self.num_leapfrog_steps,
             remat=self.remat,
             integrator=self.integrator,
+            deferred_diagnostics=True,
         )
 
     def _run_setup(self, kind, rng_key, loc, scale, arrays, spec, model_params, precompiling=None):
@@ -2189,7 +2190,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             # particles (the factor enters the guide's log density), so the optimizer
             # moves it off 0 at the first divergence and never back (see _divergence.py).
             # Diverged: see _divergence.diverged.
-            is_diverged = diverged(log_weight, info.log_accept_ratio)
+            is_diverged = (  # the chain's own flag where it made one (position Verlet)
+                diverged(log_weight, info.log_accept_ratio) if info.diverged is None
+                else jax.lax.stop_gradient(info.diverged)
+            )
             z, factor = gate((z, factor), is_diverged)
             factor = factor + latch * is_diverged.astype(factor.dtype)
             if record:  # the first diverging training step's parameters, on the host

@@ -38,6 +38,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 
 from numpyro_uha.core.gaussian import (
     bridge_gaussian,
@@ -70,6 +71,15 @@ LogDensityFn = Callable[[jax.Array], jax.Array]
 
 #: The leapfrog orders ``annealed_sample`` can use.
 INTEGRATORS = ("velocity_verlet", "position_verlet")
+
+#: A leapfrog step whose energy error exceeds this many nats has diverged (NUTS's rule).
+DIVERGENCE_ENERGY = 1000.0
+
+#: With ``deferred_diagnostics``, a chain is checked step by step against
+#: ``DIVERGENCE_ENERGY`` only where some transition's kinetic increment exceeds
+#: this many nats, or its last transition's energy error exceeds DIVERGENCE_ENERGY, or
+#: its log weight is not finite (see :func:`annealed_sample`).
+KINETIC_SCREEN = 100.0
 
 
 class AnnealingParams(NamedTuple):
@@ -134,6 +144,9 @@ class AnnealingInfo(NamedTuple):
             Metropolis-corrected transition would have, ``(K,)``.
         accepted: whether the proposal was taken (always True when uncorrected), ``(K,)``.
         log_weight_increments: the terms summed into the log weight, ``(K,)``.
+        diverged: whether the chain diverged (its log weight is not finite, or some
+            leapfrog step's energy error exceeds ``DIVERGENCE_ENERGY`` nats), no
+            gradient; computed by ``deferred_diagnostics`` chains only, else ``None``.
     """
 
     initial_position: jax.Array
@@ -143,6 +156,7 @@ class AnnealingInfo(NamedTuple):
     log_accept_ratio: jax.Array
     accepted: jax.Array
     log_weight_increments: jax.Array
+    diverged: jax.Array | None = None
 
 
 def make_params(
@@ -235,6 +249,7 @@ def annealed_sample(
     corrected: bool = False,
     remat: bool = False,
     integrator: str = "velocity_verlet",
+    deferred_diagnostics: bool = False,
 ) -> tuple[jax.Array, jax.Array, AnnealingInfo]:
     """One annealed draw: ``(z_{K+1}, log w, info)``.
 
@@ -254,6 +269,22 @@ def annealed_sample(
             K; costs about one extra forward pass.
         integrator: ``"velocity_verlet"`` (kick-drift-kick) or ``"position_verlet"``
             (drift-kick-drift), see ``integrators.py``. Both give a valid weight.
+        deferred_diagnostics: for position Verlet without correction, whose
+            transitions need no value of log p̄: evaluate the per-transition
+            ``info.target_logdensity`` (and the ``log_accept_ratio`` made from it) after
+            the chain, one position after another (``jax.lax.map``), and fill
+            ``info.diverged`` at the cost of one more evaluation of log p̄ where the
+            chain is calm. A chain is checked step by step only where a transition's
+            kinetic increment |log S(ρ'') − log S(ρ')| exceeds ``KINETIC_SCREEN``
+            (100) nats, its last transition's energy error exceeds
+            ``DIVERGENCE_ENERGY`` or its log weight is not finite: the weight and its
+            gradient depend on the chain through the kicks (the kinetic increments) and
+            the last position's log p̄ only, so a blow-up that could reach them shows
+            there. Under ``jax.vmap`` the step-by-step check runs for every chain of the
+            batch where one chain needs it (and for none otherwise). Where nothing reads
+            the per-transition values (training), XLA drops them and a calm chain costs
+            K target gradients and two values. No effect with velocity Verlet or
+            ``corrected`` (their transitions evaluate log p̄ anyway).
 
     Returns:
         The final position, the log importance weight and :class:`AnnealingInfo`.
@@ -262,7 +293,8 @@ def annealed_sample(
     dim, num_transitions = params.loc.shape[-1], params.betas.shape[-1]
     noise = _forward_noise(rng_key, dim, num_transitions, params.loc.dtype)
     return _forward(
-        noise, logdensity_fn, params, num_leapfrog_steps, corrected, remat, integrator
+        noise, logdensity_fn, params, num_leapfrog_steps, corrected, remat, integrator,
+        deferred=deferred_diagnostics,
     )
 
 
@@ -344,7 +376,7 @@ def _rows_info(info):
     """``AnnealingInfo`` with per-transition arrays ``(K, B)`` → ``(B, K)``."""
     return AnnealingInfo(
         info.initial_position, info.log_q_initial,
-        *(jnp.swapaxes(x, 0, 1) for x in info[2:]),
+        *(jnp.swapaxes(x, 0, 1) for x in info[2:7]), info.diverged,
     )
 
 
@@ -377,17 +409,28 @@ def _transition_noise(key_momentum, key_refresh, key_accept, dim, num_transition
     )
 
 
-def _forward(noise, logdensity_fn, params, num_leapfrog_steps, corrected, remat, integrator):
-    """The forward chain from its random numbers; every array may carry leading row axes."""
+def _forward(
+    noise, logdensity_fn, params, num_leapfrog_steps, corrected, remat, integrator,
+    deferred=False,
+):
+    """The forward chain from its random numbers; every array may carry leading row axes.
+
+    ``deferred``: see ``annealed_sample``'s ``deferred_diagnostics``."""
     init_noise, momentum_noise, refresh_noises, uniforms = noise
     loc, scale = params.loc, params.scale
     z_init = gaussian_sample(init_noise, loc, scale)
     log_q_initial = gaussian_logpdf(z_init, loc, scale)
+    check_integrator(integrator)
+    deferred = deferred and integrator == "position_verlet" and not corrected
     momentum, move, refresh, steps = _chain_parts(
         logdensity_fn, params, (momentum_noise, refresh_noises, uniforms),
-        num_leapfrog_steps, corrected, integrator,
+        num_leapfrog_steps, corrected, integrator, deferred=deferred,
     )
-    state = _initial_state(logdensity_fn, z_init, momentum, integrator)
+    if deferred:  # nothing in the chain reads log p̄: a placeholder in the state
+        batch = jnp.shape(z_init)[:-1]
+        state = IntegratorState(z_init, momentum, jnp.zeros(batch, z_init.dtype), None)
+    else:
+        state = _initial_state(logdensity_fn, z_init, momentum, integrator)
 
     def transition(state, step):
         beta, step_size, noise, uniform = step
@@ -399,14 +442,111 @@ def _forward(noise, logdensity_fn, params, num_leapfrog_steps, corrected, remat,
     final_logdensity = final_state.target_logdensity
     if integrator == "position_verlet" and not corrected:
         # Evaluated afresh so that nothing outside the scan reads the carried value: when
-        # the per-transition diagnostics are not used either (training), XLA then drops
-        # the K per-step evaluations of log p̄ that only they need. With them the SVI step
-        # on madelon (d = 501, K = 32) costs 145 MFLOP, without them 112 (compiled
-        # cost analysis), and every transition costs one target gradient and no more.
+        # the per-transition diagnostics are not used either, XLA then drops the K
+        # evaluations of log p̄ that only they need. With them the SVI step on madelon
+        # (d = 501, K = 32) costs 145 MFLOP, without them 112 (compiled cost analysis),
+        # and every transition costs one target gradient and no more.
         final_logdensity = logdensity_fn(final_state.position)
+    diverged = None
+    if deferred:
+        per_step, diverged = _deferred_diagnostics(
+            logdensity_fn, z_init, log_q_initial, final_logdensity, steps[0], per_step
+        )
     log_weight = final_logdensity - log_q_initial + jnp.sum(per_step[-1], axis=0)
-    info = AnnealingInfo(z_init, log_q_initial, *per_step)
+    info = AnnealingInfo(z_init, log_q_initial, *per_step, diverged)
     return final_state.position, log_weight, info
+
+
+def _deferred_diagnostics(logdensity_fn, z_init, log_q_initial, final_logdensity, betas, moved):
+    """A deferred chain's per-transition diagnostics (:func:`_make_move`'s ``step_info``)
+    and its divergence flag, from the scan's outputs ``(z_{m+1}, log q_m at the
+    transition's start and end, momentum log ratio)``; per-transition arrays have the
+    transitions' axis first (``(K,)``, or ``(K, B)`` for rows)."""
+    positions, gaussian_start, gaussian_end, momentum_log_ratio = moved
+    starts = jnp.concatenate([z_init[None], positions[:-1]], axis=0)
+    # β_m against per-row values (K, B) where the rows share one schedule
+    betas = jnp.reshape(
+        betas, jnp.shape(betas) + (1,) * (jnp.ndim(gaussian_start) - jnp.ndim(betas))
+    )
+
+    def energy_errors(start_logdensity, end_logdensity):
+        log_pi_start = (1.0 - betas) * gaussian_start + betas * start_logdensity
+        log_pi_end = (1.0 - betas) * gaussian_end + betas * end_logdensity
+        return log_pi_end - log_pi_start + momentum_log_ratio
+
+    def per_transition(starts, final_logdensity):
+        start_logdensity = jax.lax.map(logdensity_fn, starts)
+        end_logdensity = jnp.concatenate(
+            [start_logdensity[1:], jnp.expand_dims(final_logdensity, 0)], axis=0
+        )
+        return end_logdensity, energy_errors(start_logdensity, end_logdensity)
+
+    target_logdensity, log_accept_ratio = per_transition(starts, final_logdensity)
+    accepted = jnp.ones(jnp.shape(log_accept_ratio), bool)
+    per_step = (
+        target_logdensity, momentum_log_ratio, log_accept_ratio, accepted, momentum_log_ratio
+    )
+
+    # The divergence flag, without the K values where the chain is calm.
+    stop = jax.lax.stop_gradient
+    log_weight = final_logdensity - log_q_initial + jnp.sum(momentum_log_ratio, axis=0)
+    last_start = logdensity_fn(stop(starts[-1]))
+    last_error = (
+        (1.0 - betas[-1]) * (gaussian_end[-1] - gaussian_start[-1])
+        + betas[-1] * (final_logdensity - last_start)
+        + momentum_log_ratio[-1]
+    )
+    calm = (
+        jnp.all(jnp.abs(momentum_log_ratio) <= KINETIC_SCREEN, axis=0)
+        & (jnp.abs(last_error) <= DIVERGENCE_ENERGY)
+        & jnp.isfinite(log_weight)
+    )
+
+    def stepwise(starts, final_logdensity, log_weight):
+        errors = per_transition(starts, final_logdensity)[1]
+        return ~jnp.isfinite(log_weight) | jnp.any(jnp.abs(errors) > DIVERGENCE_ENERGY, axis=0)
+
+    operands = jax.tree.map(stop, (starts, final_logdensity, log_weight))
+    diverged = _unless_all(stop(calm), stepwise, operands)
+    return per_step, diverged
+
+
+def _unless_all(calm, fn, operands):
+    """``fn(*operands)`` where some ``calm`` is False, else all False (``fn``'s output
+    is boolean and shaped like ``calm``): a ``lax.cond`` on ``any(~calm)``, which stays
+    one under ``jax.vmap``: the batched predicate is reduced over the batch, so ``fn``
+    runs, batched, for every member where one needs it, and for none otherwise. ``fn``'s
+    closure (the model's data and parameters, traced under ``jit`` or ``grad``) is passed
+    as arguments; no gradient flows through (the inputs are not differentiated)."""
+    closed, consts = jax.closure_convert(fn, *operands)
+    consts = [jax.lax.stop_gradient(c) for c in consts]
+
+    @custom_vmap
+    def run(calm, operands, consts):
+        return jax.lax.cond(
+            jnp.all(calm),
+            lambda: jnp.zeros(jnp.shape(calm), bool),
+            lambda: closed(*operands, *consts),
+        )
+
+    @run.def_vmap
+    def run_batched(axis_size, in_batched, calm, operands, consts):
+        calm_batched, operands_batched, consts_batched = in_batched
+        axes = jax.tree.map(lambda b: 0 if b else None, (operands_batched, consts_batched))
+        if not calm_batched:
+            calm = jnp.broadcast_to(calm, (axis_size,) + jnp.shape(calm))
+
+        def checked():
+            return jax.vmap(
+                lambda ops, cs: closed(*ops, *cs), in_axes=axes, axis_size=axis_size
+            )(operands, consts)
+
+        result = jax.lax.cond(
+            jnp.all(calm), lambda: jnp.zeros(jnp.shape(calm), bool), checked
+        )
+        return result, True
+
+    return run(calm, tuple(operands), consts)
 
 
 def check_integrator(integrator):
@@ -463,7 +603,7 @@ def _check_logdensity_shape(value, position):
 
 
 def _chain_parts(
-    logdensity_fn, params, noise, num_leapfrog_steps, corrected, integrator,
+    logdensity_fn, params, noise, num_leapfrog_steps, corrected, integrator, deferred=False,
 ):
     """What the forward and the reverse sampler share: ``(momentum, move, refresh, steps)``.
 
@@ -477,7 +617,9 @@ def _chain_parts(
     momentum_noise, noises, uniforms = noise
     damping, momentum_scale = params.damping, params.momentum_scale
     momentum = momentum_scale * momentum_noise
-    move = _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
+    move = _make_move(
+        logdensity_fn, params, num_leapfrog_steps, corrected, integrator, deferred
+    )
     refresh_scale = jnp.sqrt(1.0 - damping**2) * momentum_scale
 
     def refresh(state, noise):
@@ -491,7 +633,9 @@ def _chain_parts(
     return momentum, move, refresh, (betas, step_sizes, noises, uniforms)
 
 
-def _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator):
+def _make_move(
+    logdensity_fn, params, num_leapfrog_steps, corrected, integrator, deferred=False
+):
     """The deterministic (or Metropolis-corrected) part of transition m.
 
     ``move(start, β_m, ε_m, u)`` runs the leapfrog for π_m from ``start`` (whose momentum
@@ -499,6 +643,9 @@ def _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
     ``(log p̄ at the new position, momentum log ratio, log acceptance ratio, accepted,
     weight increment)``. The forward sampler refreshes then moves; the reverse sampler
     moves then refreshes. β_m, ε_m and u are scalars for one chain, or one per row.
+    ``deferred`` (position Verlet, uncorrected): log p̄ is not evaluated; the move
+    returns ``(z'', log q_m(z), log q_m(z''), momentum log ratio)`` instead (for
+    :func:`_deferred_diagnostics`) and leaves the state's log p̄ as it was.
     """
     loc, scale, momentum_scale, drift_scale = (
         params.loc, params.scale, params.momentum_scale, params.drift_scale
@@ -529,6 +676,16 @@ def _make_move(logdensity_fn, params, num_leapfrog_steps, corrected, integrator)
                 start.position, start.momentum, step_v, momentum_scale, target_grad,
                 bridge_grad, num_leapfrog_steps, drift_scale,
             )
+            if deferred:
+                momentum_log_ratio = kinetic_log_density(
+                    rho, momentum_scale
+                ) - kinetic_log_density(start.momentum, momentum_scale)
+                return start._replace(position=z, momentum=rho), (
+                    z,
+                    gaussian_logpdf(start.position, bridge_loc, bridge_scale),
+                    gaussian_logpdf(z, bridge_loc, bridge_scale),
+                    momentum_log_ratio,
+                )
             proposal = IntegratorState(z, rho, logdensity_fn(z), None)
         else:
             proposal = leapfrog(

@@ -1209,7 +1209,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             num_leapfrog_steps=self.num_leapfrog_steps,
             remat=self.remat,
             integrator=self.integrator,
-            deferred_diagnostics=True,
+            # the divergence check of calm chains without K evaluations of the model; it
+            # keeps the K positions (K·d per particle), which remat is asked not to
+            deferred_diagnostics=not self.remat,
         )
 
     def _run_setup(self, kind, rng_key, loc, scale, arrays, spec, model_params, precompiling=None):

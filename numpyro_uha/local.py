@@ -228,6 +228,14 @@ class GlobalLogZ(NamedTuple):
         )
 
 
+def _diverged_rows(log_weight, info):
+    """Which rows' chains diverged: the chains' own flag where they made one
+    (``deferred_diagnostics``, uncorrected position Verlet), else the step-by-step rule."""
+    if info.diverged is not None:
+        return jax.lax.stop_gradient(info.diverged)
+    return diverged(log_weight, info.log_accept_ratio)
+
+
 def _sampleable(fn, names=None):
     """``fn`` where a latent site that no handler gave a value and whose distribution
     cannot be sampled (an ``ImproperUniform``: a flat prior) takes ``init_to_uniform``'s
@@ -1545,7 +1553,7 @@ class UHALocalGuide(AutoGuide):
             # a corrected chain rejects a step with a large energy error, its draw is valid)
             is_diverged = (
                 ~jnp.isfinite(log_weight) if corrected
-                else diverged(log_weight, info.log_accept_ratio)
+                else _diverged_rows(log_weight, info)
             )
         return {**global_values, **local_values}, log_weight, is_diverged
 
@@ -1598,12 +1606,13 @@ class UHALocalGuide(AutoGuide):
             rows, log_weight, info = uha_sample_rows(
                 keys, logdensity, annealing, num_leapfrog_steps=self.num_leapfrog_steps,
                 integrator=self.integrator, remat=self.remat,
+                deferred_diagnostics=not self.remat,  # (the K positions kept: not with remat)
             )
         if rows_sharding is not None:
             rows, log_weight = shard_leading((rows, log_weight), rows_sharding)
         is_diverged = None
         if skip_diverged:
-            is_diverged = diverged(log_weight, info.log_accept_ratio)
+            is_diverged = _diverged_rows(log_weight, info)
             rows = jnp.where(is_diverged[:, None], info.initial_position, rows)
         completed = getattr(self, "_completed_sites", ())
         trace = None

@@ -284,7 +284,9 @@ def annealed_sample(
             batch where one chain needs it (and for none otherwise). Where nothing reads
             the per-transition values (training), XLA drops them and a calm chain costs
             K target gradients and two values. No effect with velocity Verlet or
-            ``corrected`` (their transitions evaluate log p̄ anyway).
+            ``corrected`` (their transitions evaluate log p̄ anyway). Keeps the K
+            positions of the chain (K·d numbers; with ``remat``, whose memory they
+            would grow by about a sixth on madelon, leave it off).
 
     Returns:
         The final position, the log importance weight and :class:`AnnealingInfo`.
@@ -307,6 +309,7 @@ def annealed_sample_rows(
     corrected: bool = False,
     remat: bool = False,
     integrator: str = "velocity_verlet",
+    deferred_diagnostics: bool = False,
 ) -> tuple[jax.Array, jax.Array, AnnealingInfo]:
     """B independent annealed draws, one per row, for a target that factorizes over rows.
 
@@ -331,6 +334,9 @@ def annealed_sample_rows(
         corrected: as in :func:`annealed_sample`.
         remat: as in :func:`annealed_sample`.
         integrator: as in :func:`annealed_sample`.
+        deferred_diagnostics: as in :func:`annealed_sample`; ``info.diverged`` is then
+            one flag per row, and the rows are checked step by step (all of them, one
+            transition at a time) where one row is not calm.
 
     Returns:
         ``(Z_{K+1}, log w, info)`` with a leading ``B`` axis on every array (``info``'s
@@ -343,7 +349,7 @@ def annealed_sample_rows(
     )
     z, log_weight, info = _forward(
         _steps_first(noise), logdensity_fn, params, num_leapfrog_steps, corrected, remat,
-        integrator,
+        integrator, deferred=deferred_diagnostics,
     )
     return z, log_weight, _rows_info(info)
 
@@ -518,8 +524,13 @@ def _unless_all(calm, fn, operands):
     runs, batched, for every member where one needs it, and for none otherwise. ``fn``'s
     closure (the model's data and parameters, traced under ``jit`` or ``grad``) is passed
     as arguments; no gradient flows through (the inputs are not differentiated)."""
-    closed, consts = jax.closure_convert(fn, *operands)
-    consts = [jax.lax.stop_gradient(c) for c in consts]
+    # Every closed-over value (integer data included, e.g. a minibatch's indices) becomes
+    # an argument: a tracer of the enclosing trace may not be a constant of custom_vmap's.
+    traced = jax.make_jaxpr(fn)(*operands)
+    consts = [jax.lax.stop_gradient(c) for c in traced.consts]
+
+    def closed(*args):
+        return jax.core.eval_jaxpr(traced.jaxpr, args[len(operands):], *args[: len(operands)])[0]
 
     @custom_vmap
     def run(calm, operands, consts):
@@ -828,13 +839,13 @@ def _reverse(noise, logdensity_fn, params, position, num_leapfrog_steps, correct
 
 def uha_sample(
     rng_key, logdensity_fn, params, *, num_leapfrog_steps=1, remat=False,
-    integrator="velocity_verlet",
+    integrator="velocity_verlet", deferred_diagnostics=False,
 ):
     """UHA draw (differentiable). See :func:`annealed_sample`."""
     return annealed_sample(
         rng_key, logdensity_fn, params,
         num_leapfrog_steps=num_leapfrog_steps, corrected=False, remat=remat,
-        integrator=integrator,
+        integrator=integrator, deferred_diagnostics=deferred_diagnostics,
     )
 
 
@@ -855,13 +866,13 @@ def hais_sample(
 
 def uha_sample_rows(
     rng_keys, logdensity_fn, params, *, num_leapfrog_steps=1, remat=False,
-    integrator="velocity_verlet",
+    integrator="velocity_verlet", deferred_diagnostics=False,
 ):
     """UHA draws, one per row (differentiable). See :func:`annealed_sample_rows`."""
     return annealed_sample_rows(
         rng_keys, logdensity_fn, params,
         num_leapfrog_steps=num_leapfrog_steps, corrected=False, remat=remat,
-        integrator=integrator,
+        integrator=integrator, deferred_diagnostics=deferred_diagnostics,
     )
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_uha.core import annealed_sample, make_params
+from numpyro_uha.core import annealed_sample, annealed_sample_rows, make_params
 from numpyro_uha.core.annealing import DIVERGENCE_ENERGY
 
 from tests.core.test_annealing import gaussian_target, random_params
@@ -186,3 +186,60 @@ def test_a_cliff_crossed_before_the_last_step_is_not_flagged():
     assert not np.any(np.asarray(info.diverged))
     np.testing.assert_allclose(log_w, log_w_ref, rtol=1e-6)
     assert np.all(np.isfinite(np.asarray(log_w)))
+
+
+def test_rows_flags_equal_the_stepwise_rule():
+    """One chain per row (local latents), each row with its own step sizes: the rows'
+    flags are the step-by-step rule's, calm rows included (they are checked with the
+    others once one row is not calm)."""
+    num_rows = STEP_SIZES.shape[0]
+    keys = jax.random.split(jax.random.PRNGKey(4), num_rows)
+    params = make_params(
+        jnp.zeros((num_rows, 2)), jnp.ones((num_rows, 2)), betas=jnp.linspace(0.1, 1.0, K),
+        damping=0.9, momentum_scale=jnp.ones(2),
+    )._replace(step_sizes=jnp.broadcast_to(STEP_SIZES[:, None], (num_rows, K)))
+
+    def rows_target(Z):
+        return -0.5 * (Z[:, 0] / 0.05) ** 2 - 0.5 * Z[:, 1] ** 2
+
+    def run(deferred):
+        return jax.jit(
+            lambda: annealed_sample_rows(
+                keys, rows_target, params, integrator="position_verlet",
+                deferred_diagnostics=deferred,
+            )
+        )()
+
+    z, log_w, info = run(True)
+    z_ref, log_w_ref, info_ref = run(False)
+    np.testing.assert_array_equal(z, z_ref)
+    np.testing.assert_allclose(info.log_accept_ratio, info_ref.log_accept_ratio, rtol=1e-5)
+    expected = np.asarray(stepwise_rule(log_w_ref, info_ref))
+    assert 0 < expected.sum() < expected.size
+    np.testing.assert_array_equal(info.diverged, expected)
+
+
+def test_a_target_closing_over_traced_integer_data():
+    """The model's data enter through the target's closure, traced where the caller jits
+    over them: integer arrays (indices, counts) included, as ``jax.jit(svi.update)``
+    with a group index among its arguments has them."""
+    keys = jax.random.split(jax.random.PRNGKey(5), 6)
+
+    @jax.jit
+    def flags(index, scales, steps):
+        def target(z):  # coordinate i has sd scales[index[i]]
+            return -0.5 * jnp.sum((z / scales[index]) ** 2)
+
+        def chunk(_, inputs):  # in a loop, as the draw methods run chunks of draws
+            return None, jax.vmap(
+                lambda k, s: annealed_sample(
+                    k, target, narrow_params(s), integrator="position_verlet",
+                    deferred_diagnostics=True,
+                )[2].diverged
+            )(*inputs)
+
+        return jax.lax.scan(chunk, None, (keys.reshape(2, 3, -1), steps.reshape(2, 3, K)))[1]
+
+    steps = jnp.broadcast_to(jnp.array([0.01, 0.01, 0.5, 0.5, 0.01, 1.0])[:, None], (6, K))
+    result = np.asarray(flags(jnp.array([1, 0], jnp.int32), jnp.array([1.0, 0.05]), steps))
+    np.testing.assert_array_equal(result.reshape(-1), [False, False, True, True, False, True])

@@ -44,7 +44,7 @@ from numpyro.infer.util import potential_energy
 
 from benchmarks.common import median_time, write_results, xla_cost
 from numpyro_uha.core import annealed_sample, make_params
-from numpyro_uha.core.annealing import DIVERGENCE_ENERGY
+from numpyro_uha.core.annealing import divergence_rule
 from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
 
 VARIANTS = ("stepwise", "screened", "no_check")
@@ -52,9 +52,7 @@ VARIANTS = ("stepwise", "screened", "no_check")
 
 def _flags(variant, log_weight, info):
     if variant == "stepwise":
-        return ~jnp.isfinite(log_weight) | jnp.any(
-            jnp.abs(info.log_accept_ratio) > DIVERGENCE_ENERGY, axis=-1
-        )
+        return divergence_rule(log_weight, info.log_accept_ratio)
     if variant == "screened":
         return info.diverged
     return jnp.zeros(jnp.shape(log_weight), bool)

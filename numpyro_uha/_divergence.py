@@ -43,7 +43,7 @@ from numpyro.distributions.transforms import IdentityTransform, biject_to
 
 # A leapfrog step whose energy error exceeds this many nats has diverged (as in NUTS);
 # the core's deferred chains (annealed_sample's deferred_diagnostics) use the same rule.
-from numpyro_uha.core.annealing import DIVERGENCE_ENERGY
+from numpyro_uha.core.annealing import DIVERGENCE_ENERGY, divergence_rule
 
 __all__ = [
     "UHADivergenceError",
@@ -55,6 +55,7 @@ __all__ = [
     "LocalDivergenceRecord",
     "DIVERGENCE_ENERGY",
     "diverged",
+    "chain_diverged",
     "gate",
     "finite_guard",
 ]
@@ -70,8 +71,16 @@ def diverged(log_weight, log_accept_ratio):
     themselves, checking step by step only the chains that are not calm:
     ``numpyro_uha.core.annealed_sample``'s ``deferred_diagnostics``.)"""
     stop = jax.lax.stop_gradient
-    energy_error = jnp.abs(stop(log_accept_ratio))
-    return ~jnp.isfinite(stop(log_weight)) | jnp.any(energy_error > DIVERGENCE_ENERGY, axis=-1)
+    return divergence_rule(stop(log_weight), stop(log_accept_ratio), axis=-1)
+
+
+def chain_diverged(log_weight, info):
+    """Which chains diverged (no gradient): the chain's own flag ``info.diverged`` where
+    it made one (``deferred_diagnostics``: uncorrected position Verlet), else
+    :func:`diverged` from its per-transition energy errors."""
+    if info.diverged is not None:
+        return jax.lax.stop_gradient(info.diverged)
+    return diverged(log_weight, info.log_accept_ratio)
 
 
 class UHANonfiniteDrawsWarning(RuntimeWarning):

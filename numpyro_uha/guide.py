@@ -56,7 +56,7 @@ from numpyro_uha._divergence import (
     UHASupportWarning,
     UHANonfiniteDrawsWarning,
     check_latch,
-    diverged,
+    chain_diverged,
     finite_guard,
     gate,
 )
@@ -2192,10 +2192,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             # particles (the factor enters the guide's log density), so the optimizer
             # moves it off 0 at the first divergence and never back (see _divergence.py).
             # Diverged: see _divergence.diverged.
-            is_diverged = (  # the chain's own flag where it made one (position Verlet)
-                diverged(log_weight, info.log_accept_ratio) if info.diverged is None
-                else jax.lax.stop_gradient(info.diverged)
-            )
+            is_diverged = chain_diverged(log_weight, info)
             z, factor = gate((z, factor), is_diverged)
             factor = factor + latch * is_diverged.astype(factor.dtype)
             if record:  # the first diverging training step's parameters, on the host

@@ -68,7 +68,7 @@ from numpyro_uha._divergence import (
     LocalDivergenceRecord,
     UHAFitWarning,
     check_latch,
-    diverged,
+    chain_diverged,
     gate,
 )
 from numpyro_uha._weights import (
@@ -226,14 +226,6 @@ class GlobalLogZ(NamedTuple):
             f"ESS {self.ess:.0f} of {self.log_weights.shape[0]} draws "
             f"({self.num_samples} chains per data point and draw)"
         )
-
-
-def _diverged_rows(log_weight, info):
-    """Which rows' chains diverged: the chains' own flag where they made one
-    (``deferred_diagnostics``, uncorrected position Verlet), else the step-by-step rule."""
-    if info.diverged is not None:
-        return jax.lax.stop_gradient(info.diverged)
-    return diverged(log_weight, info.log_accept_ratio)
 
 
 def _sampleable(fn, names=None):
@@ -1553,7 +1545,7 @@ class UHALocalGuide(AutoGuide):
             # a corrected chain rejects a step with a large energy error, its draw is valid)
             is_diverged = (
                 ~jnp.isfinite(log_weight) if corrected
-                else _diverged_rows(log_weight, info)
+                else chain_diverged(log_weight, info)
             )
         return {**global_values, **local_values}, log_weight, is_diverged
 
@@ -1612,7 +1604,7 @@ class UHALocalGuide(AutoGuide):
             rows, log_weight = shard_leading((rows, log_weight), rows_sharding)
         is_diverged = None
         if skip_diverged:
-            is_diverged = _diverged_rows(log_weight, info)
+            is_diverged = chain_diverged(log_weight, info)
             rows = jnp.where(is_diverged[:, None], info.initial_position, rows)
         completed = getattr(self, "_completed_sites", ())
         trace = None

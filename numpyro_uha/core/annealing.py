@@ -82,6 +82,14 @@ DIVERGENCE_ENERGY = 1000.0
 KINETIC_SCREEN = 100.0
 
 
+def divergence_rule(log_weight, log_accept_ratio, axis=-1):
+    """NUTS's rule per chain: a non-finite log weight, or a leapfrog step (along
+    ``axis`` of ``log_accept_ratio``) whose energy error exceeds ``DIVERGENCE_ENERGY``."""
+    return ~jnp.isfinite(log_weight) | jnp.any(
+        jnp.abs(log_accept_ratio) > DIVERGENCE_ENERGY, axis=axis
+    )
+
+
 class AnnealingParams(NamedTuple):
     """Every quantity that defines the annealed proposal, as constrained values.
 
@@ -453,17 +461,18 @@ def _forward(
         # (d = 501, K = 32) costs 145 MFLOP, without them 112 (compiled cost analysis),
         # and every transition costs one target gradient and no more.
         final_logdensity = logdensity_fn(final_state.position)
+    # (a deferred chain's last output is its momentum log ratios, its increments too)
+    log_weight = final_logdensity - log_q_initial + jnp.sum(per_step[-1], axis=0)
     diverged = None
     if deferred:
         per_step, diverged = _deferred_diagnostics(
-            logdensity_fn, z_init, log_q_initial, final_logdensity, steps[0], per_step
+            logdensity_fn, z_init, log_weight, final_logdensity, steps[0], per_step
         )
-    log_weight = final_logdensity - log_q_initial + jnp.sum(per_step[-1], axis=0)
     info = AnnealingInfo(z_init, log_q_initial, *per_step, diverged)
     return final_state.position, log_weight, info
 
 
-def _deferred_diagnostics(logdensity_fn, z_init, log_q_initial, final_logdensity, betas, moved):
+def _deferred_diagnostics(logdensity_fn, z_init, log_weight, final_logdensity, betas, moved):
     """A deferred chain's per-transition diagnostics (:func:`_make_move`'s ``step_info``)
     and its divergence flag, from the scan's outputs ``(z_{m+1}, log q_m at the
     transition's start and end, momentum log ratio)``; per-transition arrays have the
@@ -495,7 +504,6 @@ def _deferred_diagnostics(logdensity_fn, z_init, log_q_initial, final_logdensity
 
     # The divergence flag, without the K values where the chain is calm.
     stop = jax.lax.stop_gradient
-    log_weight = final_logdensity - log_q_initial + jnp.sum(momentum_log_ratio, axis=0)
     last_start = logdensity_fn(stop(starts[-1]))
     last_error = (
         (1.0 - betas[-1]) * (gaussian_end[-1] - gaussian_start[-1])
@@ -509,8 +517,7 @@ def _deferred_diagnostics(logdensity_fn, z_init, log_q_initial, final_logdensity
     )
 
     def stepwise(starts, final_logdensity, log_weight):
-        errors = per_transition(starts, final_logdensity)[1]
-        return ~jnp.isfinite(log_weight) | jnp.any(jnp.abs(errors) > DIVERGENCE_ENERGY, axis=0)
+        return divergence_rule(log_weight, per_transition(starts, final_logdensity)[1], axis=0)
 
     operands = jax.tree.map(stop, (starts, final_logdensity, log_weight))
     diverged = _unless_all(stop(calm), stepwise, operands)

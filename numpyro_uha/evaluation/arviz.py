@@ -568,12 +568,18 @@ def _in_chunks(fn, samples, batch_size):
             values = fn(i, chunk)
         if out is None:
             out = {
-                name: np.empty((num_draws,) + tuple(np.shape(value)[1:]), np.result_type(value))
+                name: np.empty((num_draws,) + tuple(np.shape(value)[1:]), _dtype_of(value))
                 for name, value in values.items()
             }
         for name, value in values.items():
             out[name][start : start + batch_size] = np.asarray(value)
     return {} if out is None else out
+
+
+def _dtype_of(value):
+    """``value``'s NumPy dtype (a JAX array's ``dtype``: JAX deprecates handing the array
+    itself to ``np.result_type``)."""
+    return np.dtype(value.dtype) if hasattr(value, "dtype") else np.result_type(value)
 
 
 def _rows(value, index):

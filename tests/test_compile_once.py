@@ -188,3 +188,23 @@ def test_programs_do_not_keep_the_guide_alive():
     del guide, svi, restored
     gc.collect()
     assert ref() is None
+
+
+def test_the_full_rank_scale_transform_runs_eagerly_as_one_program():
+    """``svi.get_params`` (at the end of every ``svi.run``) applies each param's
+    constraint transform eagerly: the full-rank q's scale transform (NumPyro's
+    ``CorrCholeskyTransform`` inside) compiled each of its ~50 operations on its own
+    (2 s on two CPU cores, the first time in a process); now one program, with the
+    values of the same transform traced (inlined) under a caller's jit."""
+    from numpyro_uha._precondition import _ScaleCorrCholeskyTransform
+
+    d = 13  # a size no other test uses: nothing of it compiled before in this process
+    transform = _ScaleCorrCholeskyTransform(jnp.linspace(0.5, 2.0, d))
+    x = 0.3 * jax.random.normal(jax.random.PRNGKey(0), (d * (d + 1) // 2,))
+    with CountCompiles() as compiles:
+        eager = transform(x)
+    assert compiles.count <= 1
+    inlined = jax.jit(lambda u: transform(u))(x)
+    np.testing.assert_allclose(eager, inlined, rtol=1e-6, atol=1e-7)
+    # and the inverse maps it back
+    np.testing.assert_allclose(transform.inv(eager), x, rtol=1e-4, atol=1e-5)

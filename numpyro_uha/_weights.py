@@ -476,15 +476,16 @@ SHIFT_SE_BAD = 4.0
 SHIFT_HOST_MAX = 2**20
 
 
-def weighted_shift(log_weights, finite, latent, xp=jnp):
-    """Per latent coordinate, ``(shift, se)``: the self-normalized importance-weighted
-    mean of the ``finite`` draws minus their plain mean, in units of the draws' sd, and
-    its Monte Carlo standard error (by the delta method: the two means' influence
-    functions w̃_i (z_i − weighted mean) and (z_i − plain mean) / n differ draw by draw,
-    and the difference's variance is the sum of their squares), in the same sd units: the
-    significance of the difference (the sd, itself random, is only the scale). NaN where
-    a coordinate does not vary. By Cauchy–Schwarz ``|shift| ≤ sqrt(n / ESS − 1)``.
-    ``xp``: ``jax.numpy`` (traceable; :func:`_weighted_shift` is it jitted) or ``numpy``."""
+#: the ratio of a coordinate's importance-weighted sd to the draws' own sd beyond which
+#: (above 1 + SPREAD_BAD, or below 1 / (1 + SPREAD_BAD); its log beyond SHIFT_SE_BAD
+#: standard errors) the draws are called too narrow (too wide) there
+SPREAD_BAD = 0.25
+
+
+def _normalized(log_weights, finite, latent, xp):
+    """The draws ``z`` (``(n, d)``, non-finite rows at 0), the count of finite draws
+    (at least 2), the self-normalized weights ``w`` and the plain ones ``u`` (1/n), both 0
+    at the non-finite draws."""
     lw = xp.ravel(log_weights)
     ok = xp.ravel(finite)
     z = xp.reshape(latent, (lw.shape[0], -1))
@@ -494,6 +495,19 @@ def weighted_shift(log_weights, finite, latent, xp=jnp):
     w = xp.exp(lw - xp.max(lw))
     w = w / xp.sum(w)
     u = xp.where(ok, 1.0, 0.0) / n
+    return z, ok, n, w, u
+
+
+def weighted_shift(log_weights, finite, latent, xp=jnp):
+    """Per latent coordinate, ``(shift, se)``: the self-normalized importance-weighted
+    mean of the ``finite`` draws minus their plain mean, in units of the draws' sd, and
+    its Monte Carlo standard error (by the delta method: the two means' influence
+    functions w̃_i (z_i − weighted mean) and (z_i − plain mean) / n differ draw by draw,
+    and the difference's variance is the sum of their squares), in the same sd units: the
+    significance of the difference (the sd, itself random, is only the scale). NaN where
+    a coordinate does not vary. By Cauchy–Schwarz ``|shift| ≤ sqrt(n / ESS − 1)``.
+    ``xp``: ``jax.numpy`` (traceable; :func:`_weighted_shift` is it jitted) or ``numpy``."""
+    z, ok, n, w, u = _normalized(log_weights, finite, latent, xp)
     plain = u @ z
     sd = xp.sqrt(u @ xp.square(z - plain) * n / (n - 1))
     weighted = w @ z
@@ -505,7 +519,44 @@ def weighted_shift(log_weights, finite, latent, xp=jnp):
     return shift, se
 
 
+def weighted_spread(log_weights, finite, latent, xp=jnp):
+    """Per latent coordinate, ``(log_ratio, se)``: the log of the self-normalized
+    importance-weighted sd of the ``finite`` draws over their plain sd (both without
+    Bessel's correction: equal weights give exactly 0), and its Monte Carlo standard
+    error by the delta method, as :func:`weighted_shift`'s: the influence functions of
+    the two log variances, w̃_i ((z_i − m̃)² − ṽ) / ṽ and ((z_i − m)² − v) / (n v), differ
+    draw by draw, the difference's variance is the sum of their squares, and the log sd
+    ratio is half the log variance ratio. Above 0 the draws are narrower than the
+    posterior the weights estimate (a Gaussian q's classic failure, along correlated
+    coordinates); NaN where a coordinate does not vary."""
+    z, ok, n, w, u = _normalized(log_weights, finite, latent, xp)
+    plain = u @ z
+    weighted = w @ z
+    plain_var = u @ xp.square(z - plain)
+    weighted_var = w @ xp.square(z - weighted)
+    influence = (
+        w[:, None] * (xp.square(z - weighted) / weighted_var - 1.0)
+        - u[:, None] * (xp.square(z - plain) / plain_var - 1.0)
+    )
+    se = 0.5 * xp.sqrt(xp.sum(xp.square(xp.where(ok[:, None], influence, 0.0)), axis=0))
+    return 0.5 * xp.log(weighted_var / plain_var), se
+
+
 _weighted_shift = jax.jit(weighted_shift)
+_weighted_spread = jax.jit(weighted_spread)
+
+
+def _on_host_or_device(host_fn, device_fn, log_weights, finite, latent):
+    """``host_fn`` in NumPy (float64) up to ``SHIFT_HOST_MAX`` latent values, the jitted
+    ``device_fn`` above; host arrays either way."""
+    if np.size(latent) <= SHIFT_HOST_MAX:
+        log_weights, finite, latent = jax.device_get((log_weights, finite, latent))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return host_fn(
+                np.asarray(log_weights, np.float64), np.asarray(finite, bool),
+                np.asarray(latent, np.float64), xp=np,
+            )
+    return jax.device_get(device_fn(log_weights, finite, latent))
 
 
 def biased_coordinates(log_weights, finite, latent):
@@ -514,15 +565,22 @@ def biased_coordinates(log_weights, finite, latent):
     whose mean the weights move by more than ``SHIFT_BAD`` sds and ``SHIFT_SE_BAD``
     standard errors: there the unweighted draws are off the weighted (self-normalized)
     estimate by more than its noise."""
-    if np.size(latent) <= SHIFT_HOST_MAX:
-        log_weights, finite, latent = jax.device_get((log_weights, finite, latent))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            shift, se = weighted_shift(
-                np.asarray(log_weights, np.float64), np.asarray(finite, bool),
-                np.asarray(latent, np.float64), xp=np,
-            )
-    else:
-        shift, se = jax.device_get(_weighted_shift(log_weights, finite, latent))
+    shift, se = _on_host_or_device(weighted_shift, _weighted_shift, log_weights, finite, latent)
     with np.errstate(invalid="ignore"):
         bad = (np.abs(shift) > SHIFT_BAD) & (np.abs(shift) > SHIFT_SE_BAD * se)
     return shift, se, np.flatnonzero(bad)
+
+
+def misspread_coordinates(log_weights, finite, latent):
+    """``(log_ratio, se)`` (host arrays, see :func:`weighted_spread`) and the coordinates
+    whose sd the weights widen or narrow by more than a factor ``1 + SPREAD_BAD`` and
+    ``SHIFT_SE_BAD`` standard errors: there the unweighted draws are too narrow (or too
+    wide) against the weighted estimate, beyond its noise."""
+    log_ratio, se = _on_host_or_device(
+        weighted_spread, _weighted_spread, log_weights, finite, latent
+    )
+    with np.errstate(invalid="ignore"):
+        bad = (np.abs(log_ratio) > math.log1p(SPREAD_BAD)) & (
+            np.abs(log_ratio) > SHIFT_SE_BAD * se
+        )
+    return log_ratio, se, np.flatnonzero(bad)

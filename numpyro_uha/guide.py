@@ -78,9 +78,11 @@ from numpyro_uha._precondition import (
 )
 from numpyro_uha._weights import (
     SHIFT_BAD,
+    SPREAD_BAD,
     WeightSummary,
     _warn_poor_fit,
     biased_coordinates,
+    misspread_coordinates,
     khat_counts,
     summary_from_values,
     summary_khat,
@@ -2748,18 +2750,22 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
     def _warn_if_draws_biased(self, log_weights, finite, latent, summary, warn_as):
         """Warn (:class:`~numpyro_uha.UHAFitWarning`) where the importance weights move a
         latent coordinate's mean by more than ``SHIFT_BAD`` of its sd and by more than
-        ``SHIFT_SE_BAD`` standard errors (:func:`~numpyro_uha._weights.biased_coordinates`):
+        ``SHIFT_SE_BAD`` standard errors (:func:`~numpyro_uha._weights.biased_coordinates`),
+        and where they widen or narrow its sd by more than a factor ``1 + SPREAD_BAD`` and
+        ``SHIFT_SE_BAD`` standard errors (:func:`~numpyro_uha._weights.misspread_coordinates`):
         the draws themselves are off there, although k̂ (< 0.7: checked only then, where
         the weighted estimates can be trusted) says the weighted estimates are fine.
-        Skipped where the log weights are too even to move any mean that far."""
+        Skipped where the log weights are too even to move any mean or sd that far."""
         if summary.num_finite < KHAT_MIN_DRAWS:
             return
         # log weights within asinh(SHIFT_BAD) nats of each other bound every shift by
         # SHIFT_BAD (the normalized weights n w̃ then lie in [1/R, R], R − 1/R ≤ 2 SHIFT_BAD)
+        # and every sd ratio within [R^-½, R^½] = [0.88, 1.13], inside 1 + SPREAD_BAD
         if summary.high - summary.low <= math.asinh(SHIFT_BAD):
             return
         shift, se, bad = biased_coordinates(log_weights, finite, latent)
-        if bad.size == 0:
+        log_ratio, ratio_se, misspread = misspread_coordinates(log_weights, finite, latent)
+        if bad.size == 0 and misspread.size == 0:
             return
         owner, where = {}, {}
         for name, positions in self._latent_positions().items():
@@ -2768,22 +2774,50 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 where[int(i)] = f"{owner[int(i)]!r}" + (
                     f" at {at[0] if len(at) == 1 else at}" if at else ""
                 )
-        order = bad[np.argsort(-np.abs(shift[bad]))]
-        sites = list(dict.fromkeys(owner.get(int(i), "?") for i in order))
-        worst = int(order[0])
-        warnings.warn(
-            f"UHAGuide.{warn_as}: the importance weights move the mean of site(s) "
-            f"{sites[:6]}{' …' if len(sites) > 6 else ''} by more than {SHIFT_BAD:g} of "
-            f"its sd (most: {where.get(worst, '?')}, by {shift[worst]:+.2f} ± "
-            f"{se[worst]:.2f} sds, in the unconstrained coordinates), beyond the weights' "
-            "noise: the draws are biased there. Moments from the weights "
-            "(numpyro_uha.evaluation.weighted_moments on sample_posterior_with_log_weights' "
-            "draws) or importance-resampled draws (importance_resample; to_inference_data "
-            "resamples by default) correct for it while Pareto k̂ < 0.7; training longer or "
-            "a larger K brings the draws themselves closer.",
-            UHAFitWarning,
-            stacklevel=4,
+
+        def worst_first(flagged, size):
+            order = flagged[np.argsort(-np.abs(size[flagged]))]
+            sites = list(dict.fromkeys(owner.get(int(i), "?") for i in order))
+            return f"{sites[:6]}{' …' if len(sites) > 6 else ''}", int(order[0])
+
+        corrected_by = (
+            "Moments from the weights (numpyro_uha.evaluation.weighted_moments on "
+            "sample_posterior_with_log_weights' draws) or importance-resampled draws "
+            "(importance_resample; to_inference_data resamples by default) correct for it "
+            "while Pareto k̂ < 0.7"
         )
+        if bad.size:
+            sites, worst = worst_first(bad, shift)
+            warnings.warn(
+                f"UHAGuide.{warn_as}: the importance weights move the mean of site(s) "
+                f"{sites} by more than {SHIFT_BAD:g} of "
+                f"its sd (most: {where.get(worst, '?')}, by {shift[worst]:+.2f} ± "
+                f"{se[worst]:.2f} sds, in the unconstrained coordinates), beyond the weights' "
+                f"noise: the draws are biased there. {corrected_by}; training longer or "
+                "a larger K brings the draws themselves closer.",
+                UHAFitWarning,
+                stacklevel=4,
+            )
+        if misspread.size:
+            sites, worst = worst_first(misspread, log_ratio)
+            ratio = math.exp(log_ratio[worst])
+            low, high = math.exp(log_ratio[worst] - ratio_se[worst]), math.exp(
+                log_ratio[worst] + ratio_se[worst]
+            )
+            narrow = log_ratio[worst] > 0
+            warnings.warn(
+                f"UHAGuide.{warn_as}: the importance weights {'widen' if narrow else 'narrow'}"
+                f" the spread of site(s) {sites} by more than a factor {1 + SPREAD_BAD:g} "
+                f"(most: {where.get(worst, '?')}: the weighted sd is {ratio:.2f} "
+                f"({low:.2f} to {high:.2f}, ± one standard error) times the draws' own, in "
+                "the unconstrained coordinates), beyond the weights' noise: the draws are "
+                f"too {'narrow' if narrow else 'wide'} there, and their intervals "
+                f"{'too short' if narrow else 'too long'}. {corrected_by}; training longer, "
+                "a larger K, or base_dist='cholesky' where the posterior is correlated "
+                "brings the draws themselves closer.",
+                UHAFitWarning,
+                stacklevel=4,
+            )
 
     def warn_if_worse_than_start(self, log_weights, *, model_args=None, stacklevel=2) -> bool:
         """Warn (:class:`~numpyro_uha.UHAFitWarning`) when UHA's bound is worse than q's.

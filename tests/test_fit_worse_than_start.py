@@ -19,7 +19,7 @@ import pytest
 
 import conjugate_model as cm
 from numpyro_uha import UHAFitWarning, UHAGuide
-from numpyro_uha._weights import SHIFT_BAD
+from numpyro_uha._weights import SHIFT_BAD, SPREAD_BAD
 from numpyro_uha.evaluation import log_z
 from numpyro_uha.guide import _marginal_std
 
@@ -239,3 +239,26 @@ def test_draws_the_weights_move_are_called_biased(fitted):
     assert "the draws are biased there" in message
     assert "site(s) ['mu']" in message and "most: 'mu' at 0, by -0." in message
     assert f"more than {SHIFT_BAD:g}" in message
+
+
+def test_draws_narrower_than_their_weights_say_are_called_too_narrow(fitted):
+    """q's sd of mu[0] shrunk to 0.6 of the fitted one: K = 4 steps widen the draws only
+    part of the way, the weights say by how much more (weighted sd 1.5 times the draws'),
+    with k̂ still below 0.7 and the mean where it was: before the spread check no warning
+    spoke (the draws' intervals silently too short). Named by site and coordinate, and
+    alone (the mean is not called biased)."""
+    from numpyro_uha.evaluation import psis_khat
+
+    guide, params = fitted
+    narrow = dict(params, auto_scale_tril=params["auto_scale_tril"].at[0].multiply(0.6))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(1), narrow, cm.Y, sample_shape=(1000,)
+        )
+    assert psis_khat(draws.log_weights) < 0.7
+    (warning,) = [w for w in caught if issubclass(w.category, UHAFitWarning)]
+    message = str(warning.message)
+    assert "the draws are too narrow there" in message
+    assert "widen the spread of site(s) ['mu']" in message and "most: 'mu' at 0:" in message
+    assert f"more than a factor {1 + SPREAD_BAD:g}" in message

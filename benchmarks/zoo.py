@@ -325,6 +325,11 @@ def run_one(entry, kind, lr, steps, seed, num_draws, moments, smoke=False):
         w.category.__name__ for w in log
         if w.category.__name__.startswith("UHA") or w.category is RuntimeWarning
     })
+    # and which of the draws' checks spoke (UHAFitWarning's messages, tagged)
+    record["fit_checks"] = sorted({
+        tag for w in log if w.category.__name__ == "UHAFitWarning"
+        for tag, text in FIT_CHECK_TAGS.items() if text in str(w.message)
+    })
     # Every run compiles its own programs; without this a full run's process grows by
     # gigabytes (a first full run died of an LLVM out-of-memory error).
     jax.clear_caches()
@@ -382,6 +387,15 @@ def _cell(run, ref_ok):
 #: Warnings that tell the user the fit itself is not to be trusted (a warm start that had
 #: not converged is advice, not a verdict, so it does not count).
 FIT_WARNINGS = ("UHAFitWarning", "UHADivergenceWarning", "UHANonfiniteDrawsWarning")
+#: UHAFitWarning's checks, by a phrase of their messages (recorded per run as fit_checks)
+FIT_CHECK_TAGS = {
+    "khat": "Pareto k̂",
+    "worse_than_start": "worse than the Gaussian q it started from",
+    "mean_shift": "the draws are biased there",
+    "spread": "the importance weights widen the spread",
+    "spread_wide": "the importance weights narrow the spread",
+    "diverged_draws": "draws diverged",
+}
 
 
 def _fit_warned(run) -> bool:
@@ -470,6 +484,17 @@ def render(payload) -> str:
                 rs = [r for r in rs if r is not None]
                 cells.append(f"{sum(bool(r.get('resampled', {}).get('right')) for r in rs)}/{len(rs)}")
             lines.append("| UHAGuide IR | " + " | ".join(cells) + " |")
+    checked = [r for r in runs if "fit_checks" in r and r["status"] == "ok"]
+    if checked:
+        lines += ["", "Which of `UHAFitWarning`'s checks spoke (runs with `fit_checks` recorded; "
+                  "right / wrong by the cell's criterion):", ""]
+        for tag in FIT_CHECK_TAGS:
+            spoke = [r for r in checked if tag in r["fit_checks"]]
+            if spoke:
+                right = sum(bool(r.get("right")) for r in spoke)
+                names = ", ".join(sorted({f"{r['model']} ({_lr_label(r['lr'])})" for r in spoke}))
+                lines.append(f"- {tag}: {len(spoke)} run(s), {right} right / "
+                             f"{len(spoke) - right} wrong: {names}")
     failures = [r for r in runs if r["status"] in ("error", "nan")]
     if failures:
         lines += ["", "Failed runs:", ""]

@@ -389,7 +389,7 @@ def _cell(run, ref_ok):
 FIT_WARNINGS = ("UHAFitWarning", "UHADivergenceWarning", "UHANonfiniteDrawsWarning")
 #: UHAFitWarning's checks, by a phrase of their messages (recorded per run as fit_checks)
 FIT_CHECK_TAGS = {
-    "khat": "Pareto k̂",
+    "khat": "Pareto k̂ =",
     "worse_than_start": "worse than the Gaussian q it started from",
     "mean_shift": "the draws are biased there",
     "spread": "the importance weights widen the spread",

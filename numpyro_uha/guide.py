@@ -2805,13 +2805,15 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 UHAFitWarning,
                 stacklevel=4,
             )
-        if misspread.size:
-            sites, worst = worst_first(misspread, log_ratio)
+        for narrow in (True, False):  # one warning per direction: a site can have both
+            flagged = misspread[(log_ratio[misspread] > 0) == narrow]
+            if not flagged.size:
+                continue
+            sites, worst = worst_first(flagged, log_ratio)
             ratio = math.exp(log_ratio[worst])
             low, high = math.exp(log_ratio[worst] - ratio_se[worst]), math.exp(
                 log_ratio[worst] + ratio_se[worst]
             )
-            narrow = log_ratio[worst] > 0
             warnings.warn(
                 f"UHAGuide.{warn_as}: the importance weights {'widen' if narrow else 'narrow'}"
                 f" the spread of site(s) {sites} by more than a factor {1 + SPREAD_BAD:g} "

@@ -262,3 +262,24 @@ def test_draws_narrower_than_their_weights_say_are_called_too_narrow(fitted):
     assert "the draws are too narrow there" in message
     assert "widen the spread of site(s) ['mu']" in message and "most: 'mu' at 0:" in message
     assert f"more than a factor {1 + SPREAD_BAD:g}" in message
+
+
+def test_draws_wider_than_their_weights_say_are_called_too_wide(fitted):
+    """q's sd of mu[1] widened 1.6-fold (and mu[0]'s shrunk to 0.6): the weights narrow
+    mu[1]'s spread (weighted sd 0.71 times the draws'), with k̂ below 0.7; the warning
+    says which way: too wide there."""
+    from numpyro_uha.evaluation import psis_khat
+
+    guide, params = fitted
+    scale_tril = params["auto_scale_tril"]
+    both = dict(params, auto_scale_tril=scale_tril.at[0].multiply(0.6).at[1].multiply(1.6))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(1), both, cm.Y, sample_shape=(1000,)
+        )
+    assert psis_khat(draws.log_weights) < 0.7
+    messages = [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
+    wide = [m for m in messages if "the draws are too wide there" in m]
+    assert len(wide) == 1, messages
+    assert "narrow the spread of site(s) ['mu']" in wide[0] and "most: 'mu' at 1:" in wide[0]

@@ -546,16 +546,24 @@ _weighted_shift = jax.jit(weighted_shift)
 _weighted_spread = jax.jit(weighted_spread)
 
 
+def _on_host(log_weights, finite, latent):
+    """The draws as NumPy arrays (float64, bool, float64) where the checks run on the host
+    (up to ``SHIFT_HOST_MAX`` latent values; no copy of arrays already so), else as given."""
+    if np.size(latent) > SHIFT_HOST_MAX:
+        return log_weights, finite, latent
+    log_weights, finite, latent = jax.device_get((log_weights, finite, latent))
+    return (
+        np.asarray(log_weights, np.float64), np.asarray(finite, bool),
+        np.asarray(latent, np.float64),
+    )
+
+
 def _on_host_or_device(host_fn, device_fn, log_weights, finite, latent):
     """``host_fn`` in NumPy (float64) up to ``SHIFT_HOST_MAX`` latent values, the jitted
     ``device_fn`` above; host arrays either way."""
     if np.size(latent) <= SHIFT_HOST_MAX:
-        log_weights, finite, latent = jax.device_get((log_weights, finite, latent))
         with np.errstate(invalid="ignore", divide="ignore"):
-            return host_fn(
-                np.asarray(log_weights, np.float64), np.asarray(finite, bool),
-                np.asarray(latent, np.float64), xp=np,
-            )
+            return host_fn(*_on_host(log_weights, finite, latent), xp=np)
     return jax.device_get(device_fn(log_weights, finite, latent))
 
 
@@ -584,3 +592,10 @@ def misspread_coordinates(log_weights, finite, latent):
             np.abs(log_ratio) > SHIFT_SE_BAD * se
         )
     return log_ratio, se, np.flatnonzero(bad)
+
+
+def draw_checks(log_weights, finite, latent):
+    """:func:`biased_coordinates` and :func:`misspread_coordinates` of the same draws,
+    copied to the host once where both run in NumPy."""
+    arrays = _on_host(log_weights, finite, latent)
+    return biased_coordinates(*arrays), misspread_coordinates(*arrays)

@@ -78,12 +78,10 @@ from numpyro_uha._precondition import (
 )
 from numpyro_uha._weights import (
     SHIFT_BAD,
-    SHIFT_HOST_MAX,
     SPREAD_BAD,
     WeightSummary,
     _warn_poor_fit,
-    biased_coordinates,
-    misspread_coordinates,
+    draw_checks,
     khat_counts,
     summary_from_values,
     summary_khat,
@@ -2764,14 +2762,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         # and every sd ratio within [R^-½, R^½] = [0.88, 1.13], inside 1 + SPREAD_BAD
         if summary.high - summary.low <= math.asinh(SHIFT_BAD):
             return
-        if np.size(latent) <= SHIFT_HOST_MAX:  # both checks in NumPy: one copy to the host
-            log_weights, finite, latent = (
-                np.asarray(x, dtype) for x, dtype in zip(
-                    jax.device_get((log_weights, finite, latent)), (np.float64, bool, np.float64)
-                )
-            )
-        shift, se, bad = biased_coordinates(log_weights, finite, latent)
-        log_ratio, ratio_se, misspread = misspread_coordinates(log_weights, finite, latent)
+        (shift, se, bad), (log_ratio, ratio_se, misspread) = draw_checks(
+            log_weights, finite, latent
+        )
         if bad.size == 0 and misspread.size == 0:
             return
         owner, where = {}, {}

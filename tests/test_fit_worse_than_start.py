@@ -59,6 +59,17 @@ def _warns(guide, log_w):
     return fit
 
 
+def _draws_and_fit_warnings(guide, params, num_draws):
+    """``sample_posterior_with_log_weights``' draws (key 1, the conjugate data) and the
+    messages of the ``UHAFitWarning``s it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(1), params, cm.Y, sample_shape=(num_draws,)
+        )
+    return draws, [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
+
+
 RNG = np.random.default_rng(0)
 
 
@@ -184,13 +195,8 @@ def test_heavy_tailed_weights_leave_out_the_draws_bias_check(fitted):
         params, auto_scale_tril=0.3 * params["auto_scale_tril"],
         auto_loc=params["auto_loc"].at[0].add(2 * sd[0]),
     )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        draws = guide.sample_posterior_with_log_weights(
-            jax.random.PRNGKey(1), off, cm.Y, sample_shape=(2000,)
-        )
+    draws, fit = _draws_and_fit_warnings(guide, off, 2000)
     assert psis_khat(draws.log_weights) >= 0.7
-    fit = [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
     assert any("Pareto k̂" in m for m in fit), fit
     assert not [m for m in fit if "the draws are biased" in m], fit
 
@@ -204,14 +210,9 @@ def test_heavy_tailed_weights_warn_from_sample_posterior(fitted):
 
     guide, params = fitted
     narrow = dict(params, auto_scale_tril=0.1 * params["auto_scale_tril"])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        draws = guide.sample_posterior_with_log_weights(
-            jax.random.PRNGKey(1), narrow, cm.Y, sample_shape=(2000,)
-        )
+    draws, fit = _draws_and_fit_warnings(guide, narrow, 2000)
     khat = psis_khat(draws.log_weights)
     assert khat >= 0.7
-    fit = [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
     assert any(f"Pareto k̂ = {khat:.2f}" in m and "may be off" in m for m in fit), fit
     with pytest.warns(UHAFitWarning, match="Pareto k̂"):
         guide.sample_posterior(jax.random.PRNGKey(1), narrow, cm.Y, sample_shape=(2000,))
@@ -251,14 +252,9 @@ def test_draws_narrower_than_their_weights_say_are_called_too_narrow(fitted):
 
     guide, params = fitted
     narrow = dict(params, auto_scale_tril=params["auto_scale_tril"].at[0].multiply(0.6))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        draws = guide.sample_posterior_with_log_weights(
-            jax.random.PRNGKey(1), narrow, cm.Y, sample_shape=(1000,)
-        )
+    draws, fit = _draws_and_fit_warnings(guide, narrow, 1000)
     assert psis_khat(draws.log_weights) < 0.7
-    (warning,) = [w for w in caught if issubclass(w.category, UHAFitWarning)]
-    message = str(warning.message)
+    (message,) = fit
     assert "the draws are too narrow there" in message
     assert "widen the spread of site(s) ['mu']" in message and "most: 'mu' at 0:" in message
     assert f"more than a factor {1 + SPREAD_BAD:g}" in message
@@ -273,13 +269,8 @@ def test_draws_wider_than_their_weights_say_are_called_too_wide(fitted):
     guide, params = fitted
     scale_tril = params["auto_scale_tril"]
     both = dict(params, auto_scale_tril=scale_tril.at[0].multiply(0.6).at[1].multiply(1.6))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        draws = guide.sample_posterior_with_log_weights(
-            jax.random.PRNGKey(1), both, cm.Y, sample_shape=(1000,)
-        )
+    draws, fit = _draws_and_fit_warnings(guide, both, 1000)
     assert psis_khat(draws.log_weights) < 0.7
-    messages = [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
-    wide = [m for m in messages if "the draws are too wide there" in m]
-    assert len(wide) == 1, messages
+    wide = [m for m in fit if "the draws are too wide there" in m]
+    assert len(wide) == 1, fit
     assert "narrow the spread of site(s) ['mu']" in wide[0] and "most: 'mu' at 1:" in wide[0]

@@ -484,10 +484,12 @@ def _deferred_diagnostics(logdensity_fn, z_init, log_weight, final_logdensity, b
         betas, jnp.shape(betas) + (1,) * (jnp.ndim(gaussian_start) - jnp.ndim(betas))
     )
 
-    def energy_errors(start_logdensity, end_logdensity):
-        log_pi_start = (1.0 - betas) * gaussian_start + betas * start_logdensity
-        log_pi_end = (1.0 - betas) * gaussian_end + betas * end_logdensity
-        return log_pi_end - log_pi_start + momentum_log_ratio
+    def energy_errors(start_logdensity, end_logdensity, at=slice(None)):
+        """Transitions ``at``'s energy errors, from log p̄ at their starts and ends."""
+        beta = betas[at]
+        log_pi_start = (1.0 - beta) * gaussian_start[at] + beta * start_logdensity
+        log_pi_end = (1.0 - beta) * gaussian_end[at] + beta * end_logdensity
+        return log_pi_end - log_pi_start + momentum_log_ratio[at]
 
     def per_transition(starts, final_logdensity):
         start_logdensity = jax.lax.map(logdensity_fn, starts)
@@ -504,12 +506,7 @@ def _deferred_diagnostics(logdensity_fn, z_init, log_weight, final_logdensity, b
 
     # The divergence flag, without the K values where the chain is calm.
     stop = jax.lax.stop_gradient
-    last_start = logdensity_fn(stop(starts[-1]))
-    last_error = (
-        (1.0 - betas[-1]) * (gaussian_end[-1] - gaussian_start[-1])
-        + betas[-1] * (final_logdensity - last_start)
-        + momentum_log_ratio[-1]
-    )
+    last_error = energy_errors(logdensity_fn(stop(starts[-1])), final_logdensity, at=-1)
     calm = (
         jnp.all(jnp.abs(momentum_log_ratio) <= KINETIC_SCREEN, axis=0)
         & (jnp.abs(last_error) <= DIVERGENCE_ENERGY)

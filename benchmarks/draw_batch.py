@@ -19,7 +19,8 @@ import optax
 from numpyro.infer import SVI, Trace_ELBO
 
 from benchmarks.common import write_results
-from benchmarks.speed import _median_time, cost_floor, sample_time
+from benchmarks.common import median_time
+from benchmarks.speed import cost_floor, sample_time
 from numpyro_uha import UHAGuide
 from numpyro_uha.datasets import load_logistic_regression, logistic_regression_model
 
@@ -54,7 +55,7 @@ def main(argv=None):
             jitted = jax.jit(lambda key, params, X, y: guide.sample_posterior(
                 key, params, X, y, sample_shape=(args.num_draws,)))
             jax.block_until_ready(jitted(jax.random.PRNGKey(2), params, X, y))
-            in_jit = _median_time(jitted, args.repeats, jax.random.PRNGKey(3), params, X, y)
+            in_jit = median_time(jitted, args.repeats, jax.random.PRNGKey(3), params, X, y)
             row["by_batch"]["default" if batch is None else str(batch)] = {
                 "sample_batch_size": guide.sample_batch_size, "first_s": first, "steady_s": steady,
                 "over_floor": steady / floor, "jitted_s": in_jit, "over_jitted": steady / in_jit,

@@ -11,7 +11,9 @@
 # the warm start's model-free steps: on the host CPU (warm_start_device="cpu") and
 # compiled at XLA's quick GPU options (if either is faster on the GPU, make it the GPU
 # default); 2. one draw call taken apart (benchmarks.draw_overhead: the weight summary
-# is now made in the chain's program); 3. the draw, sharding, usage, weight-summary and
+# is now made in the chain's program), on the untrained sonar guide and on a
+# warm-started australian one (k̂ 0.31 on a CPU), whose calls run the draws' mean and
+# spread checks (now made there too; in NumPy on the host before); 3. the draw, sharding, usage, weight-summary and
 # warm-start-device tests on the GPU; 4. draws against sample_batch_size and the cost
 # floor (10 000 sonar / madelon draws); 5. the speed benchmark (SVI step and draws vs
 # AutoDAIS and the floor). Scaling on one GPU was measured twice (results/gpu_h200*)
@@ -32,6 +34,7 @@ step() {
 }
 step 200 startup python3 -m benchmarks.startup --models hierarchical_logistic --repeats 2 --warm-start-device cpu --quick-gpu-options --name startup_gpu
 step 60 draw_overhead python3 -m benchmarks.draw_overhead --repeats 30 --name draw_overhead_gpu
+step 60 draw_overhead_checked python3 -m benchmarks.draw_overhead --dataset australian --warm-start-steps 1000 --repeats 30 --name draw_overhead_checked_gpu
 step 150 tests python3 -m pytest -o addopts="" -m "not slow" -n 4 -q -p no:cacheprovider tests/test_draw_batches.py tests/test_sharding.py tests/test_guide_usage.py tests/test_save_resume.py tests/test_weight_summary.py tests/test_warm_start_device.py tests/test_xla_fused_reduction.py tests/test_laplace_start.py
 step 100 draw_batch python3 -m benchmarks.draw_batch --datasets sonar madelon --num-draws 10000 --batch-sizes 1024 4096 16384 --repeats 5 --name draw_batch_gpu
 step 130 speed python3 -m benchmarks.speed --datasets sonar madelon --runs 1 --repeats 5 --num-draws 10000 --memory-K 64 --name speed_gpu_16

@@ -3,7 +3,8 @@
 On a GPU the chain of 10 000 draws takes about a millisecond, so the work around it (the
 checks of the draws' log weights, the slice to ``num_draws``, each dispatch and each wait
 for the device) is a large share of a call. This times, on one untrained logistic
-regression guide (K = 32) and in one process, medians of ``--repeats`` calls after two:
+regression guide (K = 32; untrained, or after ``--warm-start-steps``) and in one
+process, medians of ``--repeats`` calls after two:
 
 - ``plain``: ``sample_posterior`` as a user calls it (the key made once, outside);
 - ``keep``: the same with ``nonfinite="keep"``, which skips every check of the weights;
@@ -17,7 +18,13 @@ regression guide (K = 32) and in one process, medians of ``--repeats`` calls aft
 - ``summary, own program``: the same summary made by a program of its own from the
   sliced weights, as calls of more than one chunk make it;
 - ``k̂ from the summary`` and ``psis_khat``: Pareto k̂ on the host from the summary's
-  largest weights, and from all of them (``psis_khat``, NumPy's partition first).
+  largest weights, and from all of them (``psis_khat``, NumPy's partition first);
+- ``chain, checks made``: ``chain`` with the draws' mean and spread checks made in its
+  program (what a call does where k̂ < 0.7, which an untrained guide's weights rarely
+  are: the plain rows above then skip them);
+- ``checks in NumPy``: the same checks as calls made them before they moved into the
+  chain's program (up to 2^20 latent values): the draws copied to the host and the
+  formulas of ``_weights.check_values`` in float64 NumPy.
 
 It reads private parts of the guide (the compiled draw program, the summary) to take the
 call apart; the plain, keep and in-jit rows use the public API only.
@@ -34,10 +41,11 @@ import optax
 from numpyro.infer import SVI, Trace_ELBO
 
 from benchmarks.common import write_results
-from benchmarks.speed import _median_time
+from benchmarks.common import median_time
 from numpyro_uha import UHAGuide
 from numpyro_uha import guide as guide_module
 from numpyro_uha._weights import (
+    check_values,
     psis_khat,
     summary_from_values,
     summary_khat,
@@ -51,7 +59,7 @@ def _median_ms(fn, repeats):
     """speed's median time of ``fn``, in ms, after two calls (compilation, caches)."""
     jax.block_until_ready(fn())
     jax.block_until_ready(fn())
-    return 1e3 * _median_time(fn, repeats)
+    return 1e3 * median_time(fn, repeats)
 
 
 def main(argv=None):
@@ -60,6 +68,12 @@ def main(argv=None):
     parser.add_argument("--num-draws", type=int, default=10000)
     parser.add_argument("--K", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warm-start-steps", type=int, default=0,
+                        help="the guide's warm start (0: an untrained q, whose weights "
+                             "are too heavy-tailed for the draws' mean and spread checks "
+                             "to run; the default's Laplace q passes k̂ on easy data)")
+    parser.add_argument("--sample-batch-size", type=int, default=None,
+                        help="the guide's sample_batch_size (default: sized to the device)")
     parser.add_argument("--name", default="draw_overhead")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
@@ -68,7 +82,8 @@ def main(argv=None):
     warnings.simplefilter("ignore")  # the untrained guide's weights warn at every call
     X, y = load_logistic_regression(args.dataset)
     model, n = logistic_regression_model, args.num_draws
-    guide = UHAGuide(model, K=args.K, warm_start_steps=0)
+    guide = UHAGuide(model, K=args.K, warm_start_steps=args.warm_start_steps,
+                     sample_batch_size=args.sample_batch_size)
     svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y))
     key = jax.random.PRNGKey(3)
@@ -76,6 +91,10 @@ def main(argv=None):
     def plain(**kw):
         return lambda: guide.sample_posterior(key, params, X, y, sample_shape=(n,), **kw)
 
+    # k̂ of the timed call's own weights: below 0.7 (and with the weights not all
+    # within 0.25 nats) the plain calls run the draws' mean and spread checks too
+    khat = float(psis_khat(np.asarray(guide.sample_posterior_with_log_weights(
+        key, params, X, y, sample_shape=(n,), nonfinite="keep").log_weights, np.float64)))
     rows = {}
     rows["plain"] = _median_ms(plain(), args.repeats)
     rows["keep"] = _median_ms(plain(nonfinite="keep"), args.repeats)
@@ -106,19 +125,40 @@ def main(argv=None):
         rows["k̂ from the summary"] = _median_ms(lambda: summary_khat(summary, n), args.repeats)
         host = np.asarray(log_w, np.float64)
         rows["psis_khat"] = _median_ms(lambda: psis_khat(host), args.repeats)
+        checked = dict(chain, check=np.bool_(True))
+        rows["chain, checks made"] = _median_ms(
+            lambda: draw(key, batch_size=width, **checked), args.repeats
+        )
+        latent = out[2][:n]
+
+        def numpy_checks():
+            lw, ok, z = jax.device_get((log_w, finite, latent))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return check_values(
+                    np.asarray(lw, np.float64), np.asarray(ok, bool),
+                    np.asarray(z, np.float64), xp=np,
+                )
+
+        rows["checks in NumPy"] = _median_ms(numpy_checks, args.repeats)
 
     device = jax.devices()[0]
     md = (
         f"One `sample_posterior` call of {n} draws taken apart: {args.dataset} logistic "
-        f"regression, K = {args.K}, untrained `UHAGuide`, on {device.platform} "
-        f"({device.device_kind}); medians of {args.repeats} calls, milliseconds. The rows are "
+        f"regression, K = {args.K}, `UHAGuide` "
+        + ("untrained" if not args.warm_start_steps else f"after {args.warm_start_steps} warm-start steps")
+        + f" (the draws' Pareto k̂ {khat:.2f}: the plain calls "
+        + ("run" if khat < 0.7 else "skip")
+        + " the mean and spread checks), on "
+        f"{device.platform} ({device.device_kind}); medians of {args.repeats} calls, milliseconds. The rows are "
         "described in `benchmarks/draw_overhead.py`; `chain` and what follows it only where "
         "the draws fit in one chunk (a GPU's default batch).\n\n"
         "| part | ms | / in jit |\n|---|---|---|\n"
     )
     for label, ms in rows.items():
         md += f"| {label} | {ms:.3f} | {ms / rows['in jit']:.2f} |\n"
-    path = write_results(args.name, {"rows_ms": rows, "width": width, "args": vars(args)}, md)
+    path = write_results(
+        args.name, {"rows_ms": rows, "width": width, "khat": khat, "args": vars(args)}, md
+    )
     print(path.read_text())
 
 

@@ -381,14 +381,22 @@ class WeightSummary(NamedTuple):
     low: float
     high: float
     largest: np.ndarray
+    #: ``(4, d)``: the draws' checks made with the summary (:func:`check_values`), or
+    #: ``None`` where they were not
+    checks: np.ndarray | None = None
 
 
-def summary_values(log_weights, finite, threshold, num_largest, num_valid=None):
+def summary_values(
+    log_weights, finite, threshold, num_largest, num_valid=None, latent=None, check=True,
+):
     """The device side of :func:`weight_summary`, traceable inside a larger program:
     ``num_finite, num_below`` and ``mean, sd, low, high, *largest`` of the ``finite``
     log weights (only the first ``num_valid``, a traced count, where given: the rest
     are padding), ``largest`` the ``num_largest`` largest with the others at -inf; two
-    arrays, two copies to the host (a GPU copies each array on its own)."""
+    arrays, two copies to the host (a GPU copies each array on its own). With the draws'
+    ``latent`` (``(n, d)``), their :func:`check_values` follow ``largest`` in the second
+    array (``4 d`` values; zeros where ``check``, a traced flag, is false: one program
+    either way, the checks run only where asked for)."""
     lw = jnp.ravel(log_weights)
     ok = jnp.ravel(finite)
     if num_valid is not None:
@@ -412,7 +420,16 @@ def summary_values(log_weights, finite, threshold, num_largest, num_valid=None):
     if num_largest:
         largest = jax.lax.top_k(jnp.where(ok, lw, -jnp.inf), num_largest)[0]
     counts = jnp.stack([num_finite, num_below]).astype(jnp.int32)
-    return counts, jnp.concatenate([jnp.stack([mean, sd, low, high]).astype(lw.dtype), largest])
+    stats = [jnp.stack([mean, sd, low, high]).astype(lw.dtype), largest]
+    if latent is not None:
+        z = jnp.reshape(latent, (lw.shape[0], -1))
+        checks = jax.lax.cond(
+            check,
+            lambda: check_values(lw, ok, z).astype(lw.dtype),
+            lambda: jnp.zeros((4, z.shape[1]), lw.dtype),
+        )
+        stats.append(jnp.ravel(checks))
+    return counts, jnp.concatenate(stats)
 
 
 _weight_summary = partial(jax.jit, static_argnames=("num_largest",))(summary_values)
@@ -424,37 +441,46 @@ def summary_largest(n: int, khat: bool = True) -> int:
     return _top_count(n) if khat and n >= 2 else 0
 
 
-def weight_summary(log_weights, finite, *, threshold=-np.inf, khat=False):
+def weight_summary(log_weights, finite, *, threshold=-np.inf, khat=False, latent=None, check=True):
     """One program on the device and two small copies to the host, instead of
     the ``n`` log weights: the count of ``finite`` draws, the mean, variance (ddof 1),
     minimum and maximum of their log weights, how many lie below ``threshold``, and (with
     ``khat``) the ``tail_size(n) + 1`` largest, from which :func:`summary_khat` gives
-    :func:`psis_khat` of the log weights with the non-finite draws' set to -inf.
+    :func:`psis_khat` of the log weights with the non-finite draws' set to -inf; with
+    the draws' ``latent``, their :func:`check_values` too (where ``check``).
     Statistics in the log weights' dtype; ``median`` is NaN (not computed)."""
     n = int(np.size(log_weights))
     num_largest = summary_largest(n, khat)
     values = _weight_summary(
         log_weights, finite, np.asarray(threshold, jnp.result_type(log_weights)),
-        num_largest=num_largest,
+        num_largest=num_largest, latent=latent, check=np.bool_(check),
     )
-    return summary_from_values(values, n, num_largest)
+    latent_dim = None if latent is None else int(np.size(latent)) // max(n, 1)
+    return summary_from_values(values, n, num_largest, latent_dim)
 
 
-def summary_from_values(values, n: int, num_largest: int) -> WeightSummary:
+def summary_from_values(
+    values, n: int, num_largest: int, latent_dim: int | None = None,
+) -> WeightSummary:
     """The :class:`WeightSummary` of ``n`` weights from :func:`summary_values`' device
     arrays (copied to the host here, the one wait), taken with at least ``num_largest``
     largest (more, where they were taken over a padded batch: its padding is -inf, so the
-    first ``num_largest`` are the ``n`` weights' own)."""
+    first ``num_largest`` are the ``n`` weights' own); ``latent_dim``: the draws' ``d``
+    where the values carry their checks (``summary_values(latent=...)``)."""
     # no median: it would take a sort, which XLA:CPU runs 10-20 times slower than NumPy's
     # partition (1M weights: 0.22 s); the warning that prints it takes it from the weights
     (num_finite, num_below), stats = jax.device_get(values)
+    checks = None
+    if latent_dim is not None:
+        stats, checks = stats[:stats.size - 4 * latent_dim], stats[stats.size - 4 * latent_dim:]
+        checks = np.asarray(checks, np.float64).reshape(4, latent_dim)
     mean, sd, low, high = stats[:4]
     largest = np.asarray(stats[4:])
     if largest.size < num_largest:
         raise ValueError(f"summary_from_values: {largest.size} largest, {num_largest} needed")
     var = float(sd) ** 2  # in float64: finite where the log weights' dtype overflows
     return WeightSummary(int(num_finite), float(mean), var, math.nan, int(num_below),
-                         float(low), float(high), largest[:num_largest])
+                         float(low), float(high), largest[:num_largest], checks)
 
 
 def summary_khat(summary, n) -> float:
@@ -469,11 +495,6 @@ def summary_khat(summary, n) -> float:
 #: draws are called biased there (with the shift beyond SHIFT_SE_BAD standard errors)
 SHIFT_BAD = 0.25
 SHIFT_SE_BAD = 4.0
-
-
-#: up to this many latent values (draws × coordinates) the draws' bias check runs in
-#: NumPy on a copy (a few MB at most), not in a program compiled for each new shape
-SHIFT_HOST_MAX = 2**20
 
 
 #: the ratio of a coordinate's importance-weighted sd to the draws' own sd beyond which
@@ -506,7 +527,7 @@ def weighted_shift(log_weights, finite, latent, xp=jnp):
     and the difference's variance is the sum of their squares), in the same sd units: the
     significance of the difference (the sd, itself random, is only the scale). NaN where
     a coordinate does not vary. By Cauchy–Schwarz ``|shift| ≤ sqrt(n / ESS − 1)``.
-    ``xp``: ``jax.numpy`` (traceable; :func:`_weighted_shift` is it jitted) or ``numpy``."""
+    ``xp``: ``jax.numpy`` (traceable) or ``numpy``."""
     z, ok, n, w, u = _normalized(log_weights, finite, latent, xp)
     plain = u @ z
     sd = xp.sqrt(u @ xp.square(z - plain) * n / (n - 1))
@@ -542,60 +563,40 @@ def weighted_spread(log_weights, finite, latent, xp=jnp):
     return 0.5 * xp.log(weighted_var / plain_var), se
 
 
-_weighted_shift = jax.jit(weighted_shift)
-_weighted_spread = jax.jit(weighted_spread)
+def check_values(log_weights, finite, latent, xp=jnp):
+    """``(4, d)``: :func:`weighted_shift`'s ``shift, se`` and :func:`weighted_spread`'s
+    ``log_ratio, se`` of the same draws, stacked: what :func:`flag_checks` reads.
+    Traceable (made beside the weight summary in the draws' own program, see
+    :func:`summary_values`), or in NumPy with ``xp=numpy``."""
+    return xp.stack([
+        *weighted_shift(log_weights, finite, latent, xp=xp),
+        *weighted_spread(log_weights, finite, latent, xp=xp),
+    ])
 
 
-def _on_host(log_weights, finite, latent):
-    """The draws as NumPy arrays (float64, bool, float64) where the checks run on the host
-    (up to ``SHIFT_HOST_MAX`` latent values; no copy of arrays already so), else as given."""
-    if np.size(latent) > SHIFT_HOST_MAX:
-        return log_weights, finite, latent
-    log_weights, finite, latent = jax.device_get((log_weights, finite, latent))
-    return (
-        np.asarray(log_weights, np.float64), np.asarray(finite, bool),
-        np.asarray(latent, np.float64),
-    )
+_check_values = jax.jit(check_values)
 
 
-def _on_host_or_device(host_fn, device_fn, log_weights, finite, latent):
-    """``host_fn`` in NumPy (float64) up to ``SHIFT_HOST_MAX`` latent values, the jitted
-    ``device_fn`` above; host arrays either way."""
-    if np.size(latent) <= SHIFT_HOST_MAX:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return host_fn(*_on_host(log_weights, finite, latent), xp=np)
-    return jax.device_get(device_fn(log_weights, finite, latent))
-
-
-def biased_coordinates(log_weights, finite, latent):
-    """``(shift, se)`` (host arrays, see :func:`weighted_shift`; in NumPy up to
-    ``SHIFT_HOST_MAX`` latent values, on the device above) and the coordinates
-    whose mean the weights move by more than ``SHIFT_BAD`` sds and ``SHIFT_SE_BAD``
-    standard errors: there the unweighted draws are off the weighted (self-normalized)
-    estimate by more than its noise."""
-    shift, se = _on_host_or_device(weighted_shift, _weighted_shift, log_weights, finite, latent)
+def flag_checks(checks):
+    """From :func:`check_values` (host arrays), ``(shift, se, biased)`` and
+    ``(log_ratio, se, misspread)``: the coordinates whose mean the weights move by more
+    than ``SHIFT_BAD`` sds, and those whose sd they widen or narrow by more than a factor
+    ``1 + SPREAD_BAD``, each beyond ``SHIFT_SE_BAD`` standard errors: there the
+    unweighted draws are off the weighted (self-normalized) estimate by more than its
+    noise (biased; too narrow or too wide). NaN (a coordinate that does not vary) is
+    never flagged."""
+    shift, shift_se, log_ratio, ratio_se = np.asarray(checks, np.float64)
     with np.errstate(invalid="ignore"):
-        bad = (np.abs(shift) > SHIFT_BAD) & (np.abs(shift) > SHIFT_SE_BAD * se)
-    return shift, se, np.flatnonzero(bad)
-
-
-def misspread_coordinates(log_weights, finite, latent):
-    """``(log_ratio, se)`` (host arrays, see :func:`weighted_spread`) and the coordinates
-    whose sd the weights widen or narrow by more than a factor ``1 + SPREAD_BAD`` and
-    ``SHIFT_SE_BAD`` standard errors: there the unweighted draws are too narrow (or too
-    wide) against the weighted estimate, beyond its noise."""
-    log_ratio, se = _on_host_or_device(
-        weighted_spread, _weighted_spread, log_weights, finite, latent
-    )
-    with np.errstate(invalid="ignore"):
-        bad = (np.abs(log_ratio) > math.log1p(SPREAD_BAD)) & (
-            np.abs(log_ratio) > SHIFT_SE_BAD * se
+        biased = (np.abs(shift) > SHIFT_BAD) & (np.abs(shift) > SHIFT_SE_BAD * shift_se)
+        misspread = (np.abs(log_ratio) > math.log1p(SPREAD_BAD)) & (
+            np.abs(log_ratio) > SHIFT_SE_BAD * ratio_se
         )
-    return log_ratio, se, np.flatnonzero(bad)
+    return (shift, shift_se, np.flatnonzero(biased)), (
+        log_ratio, ratio_se, np.flatnonzero(misspread)
+    )
 
 
 def draw_checks(log_weights, finite, latent):
-    """:func:`biased_coordinates` and :func:`misspread_coordinates` of the same draws,
-    copied to the host once where both run in NumPy."""
-    arrays = _on_host(log_weights, finite, latent)
-    return biased_coordinates(*arrays), misspread_coordinates(*arrays)
+    """:func:`flag_checks` of the draws' :func:`check_values`, in one program on their
+    device (the guide's draws make them beside their weight summary instead)."""
+    return flag_checks(jax.device_get(_check_values(log_weights, finite, latent)))

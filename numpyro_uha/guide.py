@@ -81,7 +81,7 @@ from numpyro_uha._weights import (
     SPREAD_BAD,
     WeightSummary,
     _warn_poor_fit,
-    draw_checks,
+    flag_checks,
     khat_counts,
     summary_from_values,
     summary_khat,
@@ -2462,7 +2462,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
 
     def _draw_impl(
         self, keys, params, arrays, batch_size, spec, corrected, with_info, with_samples=True,
-        sharding=None, split=False, num_valid=None, threshold=None, offset=None,
+        sharding=None, split=False, num_valid=None, threshold=None, offset=None, check=False,
     ):
         """``(samples, log_weights, latent, info, finite)`` of the draws with ``keys``;
         ``finite`` flags the draws whose log weight and latent are finite. With
@@ -2470,8 +2470,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         ..., ``offset + batch_size - 1`` of its split (:func:`_keys_from`: a traced
         ``offset``, so every chunk of any number of draws runs in this one program), and
         the first ``num_valid`` draws' weight summary (:func:`~numpyro_uha._weights.
-        summary_values`, ``threshold`` its ``num_below``'s) is a sixth output, made in
-        the same program (the rest are padding, dropped by the caller)."""
+        summary_values`, ``threshold`` its ``num_below``'s; where ``check``, a traced
+        flag, the draws' mean and spread checks too) is a sixth output, made in the same
+        program (the rest are padding, dropped by the caller)."""
         if split:
             keys = _keys_from(keys, 0 if offset is None else offset, batch_size)
         keys = shard_leading(keys, sharding)
@@ -2527,7 +2528,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if not split:
             return samples, log_weights, z, info, finite
         summary = summary_values(
-            log_weights, finite, threshold, summary_largest(batch_size), num_valid=num_valid
+            log_weights, finite, threshold, summary_largest(batch_size), num_valid=num_valid,
+            latent=z, check=check,
         )
         return samples, log_weights, z, info, finite, summary
 
@@ -2584,6 +2586,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             # summary counts the draws more than 1 nat (_below_start) below it
             start = self._start_elbo_for((args, kwargs))
         threshold = -math.inf if start is None else float(start[0]) - _below_start(start[0])
+        # the public methods (``warn_as``, their name) also judge the weights and the
+        # draws; the evaluation layer, which calls _draws too, does that itself
+        judge = warn_as is not None and num_draws >= KHAT_MIN_DRAWS
         if concrete:
             # Concrete: the draws run in chunks of a fixed width, one compiled program
             # per width, so a new sample_shape reuses it (widths 2^k or 3 · 2^(k-1) from
@@ -2613,7 +2618,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 key = jnp.asarray(rng_key)
                 outs = [
                     draw(key, batch_size=width, split=True, offset=np.uint32(i * width),
-                         num_valid=np.int32(num_draws), threshold=threshold)
+                         num_valid=np.int32(num_draws), threshold=threshold,
+                         check=np.bool_(judge and num_chunks == 1))
                     for i in range(num_chunks)
                 ]
                 chunks = [tuple(out[:5]) for out in outs]
@@ -2652,17 +2658,19 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         # Traced values (an outer jit or vmap): nothing can be counted or dropped, the
         # draws are returned as they are ("keep").
         if nonfinite != "keep" and not _is_tracer((log_weights, latent)):
-            # The checks read a few numbers of the log weights, summarized on the device
-            # (one program, one small copy), not the weights themselves. The public
-            # methods (``warn_as``, their name) also judge the weights; the evaluation
-            # layer, which calls _draws too, does that itself.
-            judge = warn_as is not None and num_draws >= KHAT_MIN_DRAWS
+            # The checks read a few numbers of the log weights and of the draws (their
+            # weighted and plain moments), summarized on the device (one program, one
+            # small copy), not the weights and draws themselves.
             if summary_arrays is not None:  # made with the draws (one chunk)
                 summary = summary_from_values(
-                    summary_arrays, num_draws, summary_largest(num_draws, judge)
+                    summary_arrays, num_draws, summary_largest(num_draws, judge),
+                    self.latent_dim,
                 )
             else:
-                summary = weight_summary(log_weights, finite, threshold=threshold, khat=judge)
+                summary = weight_summary(
+                    log_weights, finite, threshold=threshold, khat=judge, latent=latent,
+                    check=judge,
+                )
             bad = num_draws - summary.num_finite
             if start is not None:
                 self._warn_if_worse(summary, start, stacklevel=3, log_weights=log_weights)
@@ -2677,7 +2685,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 # else the weights cannot say by how much (nor with too few for k̂: inf)
                 if not (khat_counts(khat, summary.num_finite, num_draws, spread)
                         or khat == math.inf):
-                    self._warn_if_draws_biased(log_weights, finite, latent, summary, warn_as)
+                    self._warn_if_draws_biased(summary, warn_as)
             if bad:
                 finite = np.asarray(finite)
                 self._raise_if_data_nonfinite(bad, num_draws, args, kwargs)
@@ -2746,12 +2754,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 f"{NONFINITE_DATA_ADVICE}"
             )
 
-    def _warn_if_draws_biased(self, log_weights, finite, latent, summary, warn_as):
+    def _warn_if_draws_biased(self, summary, warn_as):
         """Warn (:class:`~numpyro_uha.UHAFitWarning`) where the importance weights move a
         latent coordinate's mean by more than ``SHIFT_BAD`` of its sd and by more than
-        ``SHIFT_SE_BAD`` standard errors (:func:`~numpyro_uha._weights.biased_coordinates`),
-        and where they widen or narrow its sd by more than a factor ``1 + SPREAD_BAD`` and
-        ``SHIFT_SE_BAD`` standard errors (:func:`~numpyro_uha._weights.misspread_coordinates`):
+        ``SHIFT_SE_BAD`` standard errors, and where they widen or narrow its sd by more
+        than a factor ``1 + SPREAD_BAD`` and ``SHIFT_SE_BAD`` standard errors
+        (:func:`~numpyro_uha._weights.flag_checks` of the ``summary``'s ``checks``):
         the draws themselves are off there, although k̂ (< 0.7: checked only then, where
         the weighted estimates can be trusted) says the weighted estimates are fine.
         Skipped where the log weights are too even to move any mean or sd that far."""
@@ -2762,9 +2770,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         # and every sd ratio within [R^-½, R^½] = [0.88, 1.13], inside 1 + SPREAD_BAD
         if summary.high - summary.low <= math.asinh(SHIFT_BAD):
             return
-        (shift, se, bad), (log_ratio, ratio_se, misspread) = draw_checks(
-            log_weights, finite, latent
-        )
+        (shift, se, bad), (log_ratio, ratio_se, misspread) = flag_checks(summary.checks)
         if bad.size == 0 and misspread.size == 0:
             return
         owner, where = {}, {}

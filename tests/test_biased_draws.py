@@ -13,12 +13,20 @@ import numpy as np
 
 from numpyro_uha._weights import (
     SPREAD_BAD,
-    _weighted_shift,
-    _weighted_spread,
-    misspread_coordinates,
+    check_values,
+    draw_checks,
+    summary_from_values,
+    summary_values,
     weighted_shift,
     weighted_spread,
 )
+
+_weighted_shift = jax.jit(weighted_shift)
+_weighted_spread = jax.jit(weighted_spread)
+
+
+def misspread_coordinates(log_weights, finite, latent):
+    return draw_checks(log_weights, finite, latent)[1]
 
 
 def _gaussian_draws(key, n, offset):
@@ -62,8 +70,8 @@ def test_nonfinite_draws_are_left_out():
 
 
 def test_numpy_computes_what_the_device_program_does():
-    """Up to SHIFT_HOST_MAX values the check runs in NumPy (no program per shape): the
-    same numbers as the jitted program, non-finite draws left out alike."""
+    """The formulas in NumPy (float64, a reference) give the numbers of the float32
+    program the draws' checks run, non-finite draws left out alike."""
     log_w, z = _gaussian_draws(jax.random.PRNGKey(2), 700, 0.8)
     finite = jnp.arange(700) % 7 != 3
     log_w = jnp.where(finite, log_w, jnp.nan)
@@ -136,8 +144,8 @@ def test_too_narrow_and_too_wide_draws_are_flagged_and_exact_ones_are_not():
 
 
 def test_the_spread_on_the_host_is_the_device_programs():
-    """Up to SHIFT_HOST_MAX values the spread check runs in NumPy, as the shift check:
-    the same numbers as the jitted program, non-finite draws left out alike."""
+    """The spread's formulas in NumPy (float64) give the float32 program's numbers, as
+    the shift's, non-finite draws left out alike."""
     log_w, z = _bounded_weights(jax.random.PRNGKey(4), 700, 1.5)
     finite = jnp.arange(700) % 7 != 3
     log_w = jnp.where(finite, log_w, jnp.nan)
@@ -150,3 +158,30 @@ def test_the_spread_on_the_host_is_the_device_programs():
     for got in (on_host, kept):
         np.testing.assert_allclose(got[0], on_device[0], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got[1], on_device[1], rtol=1e-4)
+
+
+def test_the_checks_made_beside_the_weight_summary_are_the_first_draws_own():
+    """The draws' program makes the checks beside the weight summary, over the first
+    ``num_valid`` draws of a padded chunk (the rest are dropped): the same numbers as
+    :func:`check_values` of those draws alone, the summary's own values unchanged; with
+    the ``check`` flag off, zeros (the same program, the work skipped)."""
+    log_w, z = _gaussian_draws(jax.random.PRNGKey(5), 1024, 0.6)
+    finite = jnp.arange(1024) % 11 != 4
+    log_w = jnp.where(finite, log_w, jnp.nan)
+    program = jax.jit(summary_values, static_argnames="num_largest")
+    n, largest = 1000, 24
+    with_checks = summary_from_values(
+        program(log_w, finite, -1.0, largest, num_valid=n, latent=z, check=True),
+        n, largest, latent_dim=3,
+    )
+    alone = np.asarray(check_values(log_w[:n], finite[:n], z[:n]))
+    np.testing.assert_allclose(with_checks.checks, alone, rtol=1e-5, atol=1e-6)
+    plain = summary_from_values(program(log_w, finite, -1.0, largest, num_valid=n), n, largest)
+    assert plain.checks is None
+    assert with_checks._replace(checks=None, largest=None) == plain._replace(largest=None)
+    np.testing.assert_array_equal(with_checks.largest, plain.largest)
+    skipped = summary_from_values(
+        program(log_w, finite, -1.0, largest, num_valid=n, latent=z, check=False),
+        n, largest, latent_dim=3,
+    )
+    assert np.all(skipped.checks == 0.0)

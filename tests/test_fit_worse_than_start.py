@@ -274,3 +274,23 @@ def test_draws_wider_than_their_weights_say_are_called_too_wide(fitted):
     wide = [m for m in fit if "the draws are too wide there" in m]
     assert len(wide) == 1, fit
     assert "narrow the spread of site(s) ['mu']" in wide[0] and "most: 'mu' at 1:" in wide[0]
+
+
+def test_the_checks_say_the_same_in_one_chunk_or_several(fitted):
+    """The draws' checks are made beside the weight summary: in the chain's own program
+    where the draws fit one chunk (1000 at the CPU's 1008), in the summary's program
+    over the joined draws where they do not (256 at a time: four chunks). The same
+    draws (each draw's key is the same whatever the width), the same warnings."""
+    guide, params = fitted
+    scale_tril = params["auto_scale_tril"]
+    both = dict(params, auto_scale_tril=scale_tril.at[0].multiply(0.6).at[1].multiply(1.6))
+    assert guide.sample_batch_size >= 1000
+    _, one_chunk = _draws_and_fit_warnings(guide, both, 1000)
+    saved = guide._sample_batch_size
+    guide.sample_batch_size = 256
+    try:
+        _, chunked = _draws_and_fit_warnings(guide, both, 1000)
+    finally:
+        guide.sample_batch_size = saved
+    assert any("too wide there" in m for m in one_chunk), one_chunk
+    assert chunked == one_chunk

@@ -28,6 +28,7 @@ from numpyro_uha import guide as guide_module
 from numpyro_uha import _weights as weights_module
 from numpyro_uha._weights import (
     _khat_from_largest,
+    check_values,
     psis_khat,
     psis_khat_columns,
     summary_from_values,
@@ -36,6 +37,7 @@ from numpyro_uha._weights import (
     tail_size,
     weight_summary,
 )
+from numpyro_uha.core import batching
 from numpyro_uha.guide import _marginal_std
 
 
@@ -270,7 +272,8 @@ def test_the_sign_test_counts_the_weights_below_q_elbo_minus_one(fitted):
 @pytest.mark.parametrize("n", [300, 1000])
 def test_the_chains_own_summary_is_that_of_the_returned_weights(fitted, n):
     """One chunk (n below the CPU's 1008-draw batch, padded to 384 and 1008): the
-    summary made in the draw program covers the n returned draws, not the padding."""
+    summary made in the draw program covers the n returned draws, not the padding; so
+    do the draws' mean and spread checks made beside it."""
     guide, params = fitted
     key = jax.random.PRNGKey(7)
     draws = guide.sample_posterior_with_log_weights(key, params, cm.Y, sample_shape=(n,),
@@ -278,15 +281,22 @@ def test_the_chains_own_summary_is_that_of_the_returned_weights(fitted, n):
     lw = draws.log_weights
     threshold = float(np.median(np.asarray(lw)))  # half below: the count is exercised
     arrays, spec = guide_module._split_static(((cm.Y,), {}))
-    width = min(guide.sample_batch_size, guide_module._chunk_bucket(n))
+    # the width the call ran at: its own bucket, or a wider one this guide's program
+    # already ran at (reuse_width: 300 draws after 1000 run at 1008)
+    used = batching._USED_WIDTHS[guide._jitted_draws[spec]].values()
+    width = min(w for widths in used for w in widths if w >= n)
+    assert width in (guide_module._chunk_bucket(n), guide.sample_batch_size)
     assert width > n  # padded
     out = guide._jitted_draws[spec](
         key, params=params, arrays=arrays, spec=spec, corrected=False, with_info=True,
         with_samples=True, sharding=None, batch_size=width, split=True,
-        num_valid=np.int32(n), threshold=threshold,
+        num_valid=np.int32(n), threshold=threshold, check=np.bool_(True), offset=np.uint32(0),
     )
     assert np.array_equal(np.asarray(out[1][:n]), np.asarray(lw))  # the same draws
-    got = summary_from_values(out[-1], n, summary_largest(n))
+    got = summary_from_values(out[-1], n, summary_largest(n), guide.latent_dim)
+    np.testing.assert_allclose(
+        got.checks, check_values(lw, jnp.isfinite(lw), draws.latent), rtol=1e-5, atol=1e-6
+    )
     want = weight_summary(lw, jnp.isfinite(lw), threshold=threshold, khat=True)
     assert (got.num_finite, got.num_below, got.low, got.high) == (
         want.num_finite, want.num_below, want.low, want.high)

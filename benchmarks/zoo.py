@@ -57,7 +57,7 @@ from benchmarks.common import environment, results_dir, write_results
 from benchmarks.zoo_holdout import HOLDOUT
 from benchmarks.zoo_holdout import SMOKE_MODELS as HOLDOUT_SMOKE_MODELS
 from benchmarks.zoo_models import SMOKE_MODELS, ZOO, latent_sites
-from numpyro_uha import UHAGuide
+from numpyro_uha import UHAFitWarning, UHAGuide
 from numpyro_uha.evaluation import importance_resample, log_z_from_weights, psis_khat
 
 REFERENCE_DIR = Path(__file__).parent / "reference" / "zoo_nuts"
@@ -325,11 +325,8 @@ def run_one(entry, kind, lr, steps, seed, num_draws, moments, smoke=False):
         w.category.__name__ for w in log
         if w.category.__name__.startswith("UHA") or w.category is RuntimeWarning
     })
-    # and which of the draws' checks spoke (UHAFitWarning's messages, tagged)
-    record["fit_checks"] = sorted({
-        tag for w in log if w.category.__name__ == "UHAFitWarning"
-        for tag, text in FIT_CHECK_TAGS.items() if text in str(w.message)
-    })
+    # and which of the draws' checks spoke
+    record["fit_checks"] = fit_checks(log)
     # Every run compiles its own programs; without this a full run's process grows by
     # gigabytes (a first full run died of an LLVM out-of-memory error).
     jax.clear_caches()
@@ -386,7 +383,10 @@ def _cell(run, ref_ok):
 
 #: Warnings that tell the user the fit itself is not to be trusted (a warm start that had
 #: not converged is advice, not a verdict, so it does not count).
-FIT_WARNINGS = ("UHAFitWarning", "UHADivergenceWarning", "UHANonfiniteDrawsWarning")
+FIT_WARNINGS = (
+    "UHAFitWarning", "UHADrawsOffWarning", "UHAWorseThanStartWarning",
+    "UHADivergenceWarning", "UHANonfiniteDrawsWarning",
+)
 #: UHAFitWarning's checks, by a phrase of their messages (recorded per run as fit_checks)
 FIT_CHECK_TAGS = {
     "khat": "Pareto k̂ =",
@@ -396,6 +396,15 @@ FIT_CHECK_TAGS = {
     "spread_wide": "the importance weights narrow the spread",
     "diverged_draws": "draws diverged",
 }
+
+
+def fit_checks(log) -> list:
+    """Which of the checks behind ``UHAFitWarning`` and its kinds spoke in ``log``
+    (``warnings.catch_warnings(record=True)``'s list): FIT_CHECK_TAGS' tags, by phrase."""
+    return sorted({
+        tag for w in log if issubclass(w.category, UHAFitWarning)
+        for tag, text in FIT_CHECK_TAGS.items() if text in str(w.message)
+    })
 
 
 def _fit_warned(run) -> bool:

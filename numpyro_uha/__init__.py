@@ -8,11 +8,13 @@ from numpyro_uha.guide import (
     GROUPS,
     UHADivergenceError,
     UHADivergenceWarning,
+    UHADrawsOffWarning,
     UHAFitWarning,
     UHAGuide,
     UHAImproperPosteriorWarning,
     UHASupportWarning,
     UHANonfiniteDrawsWarning,
+    UHAWorseThanStartWarning,
     WeightedDraws,
 )
 from numpyro_uha._memory_maps import UHAMemoryMapWarning
@@ -30,6 +32,8 @@ __all__ = [
     "UHADivergenceError",
     "UHADivergenceWarning",
     "UHAFitWarning",
+    "UHADrawsOffWarning",
+    "UHAWorseThanStartWarning",
     "UHAGuide",
     "UHAImproperPosteriorWarning",
     "UHASupportWarning",

@@ -50,6 +50,8 @@ __all__ = [
     "UHADivergenceWarning",
     "UHANonfiniteDrawsWarning",
     "UHAFitWarning",
+    "UHADrawsOffWarning",
+    "UHAWorseThanStartWarning",
     "DivergenceRecord",
     "LatchConstraint",
     "LocalDivergenceRecord",
@@ -94,6 +96,25 @@ class UHAFitWarning(RuntimeWarning):
     draws, from 200 draws up, and by the evaluation layer), or (from the guide's draws
     and ``log_z``) a bound below the ELBO of the Gaussian q training started from
     (:meth:`~numpyro_uha.UHAGuide.warn_if_worse_than_start`)."""
+
+
+class UHADrawsOffWarning(UHAFitWarning):
+    """The draws' own means or spreads are off what their importance weights estimate,
+    beyond the weights' noise, where Pareto k̂ (< 0.7) says those weighted estimates can
+    be trusted: the weights move a latent coordinate's mean by more than 0.25 of its sd
+    ("the draws are biased there"), or widen or narrow its sd by more than a factor 1.25
+    ("too narrow" / "too wide there"). Weighted moments or importance-resampled draws
+    correct for it; the unweighted draws (``sample_posterior``, ``Predictive``) do not.
+    A kind of :class:`UHAFitWarning`: filter it on its own with
+    ``warnings.filterwarnings(..., category=UHADrawsOffWarning)``."""
+
+
+class UHAWorseThanStartWarning(UHAFitWarning):
+    """Training made the approximation worse than the Gaussian q it started from: over
+    the draws at these params, the UHA ELBO lies clearly below q's (by more than 1 nat
+    and 4 standard errors), or most log weights lie far below it
+    (:meth:`~numpyro_uha.UHAGuide.warn_if_worse_than_start`). Usually a learning rate
+    too high for the annealing parameters. A kind of :class:`UHAFitWarning`."""
 
 
 class UHAImproperPosteriorWarning(UHAFitWarning):

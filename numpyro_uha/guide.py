@@ -51,10 +51,12 @@ from numpyro_uha._divergence import (
     LatchConstraint,
     UHADivergenceError,
     UHADivergenceWarning,
+    UHADrawsOffWarning,
     UHAFitWarning,
     UHAImproperPosteriorWarning,
     UHASupportWarning,
     UHANonfiniteDrawsWarning,
+    UHAWorseThanStartWarning,
     check_latch,
     chain_diverged,
     finite_guard,
@@ -134,6 +136,8 @@ __all__ = [
     "UHADivergenceError",
     "UHADivergenceWarning",
     "UHAFitWarning",
+    "UHADrawsOffWarning",
+    "UHAWorseThanStartWarning",
     "UHAImproperPosteriorWarning",
     "UHASupportWarning",
     "UHANonfiniteDrawsWarning",
@@ -2755,7 +2759,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             )
 
     def _warn_if_draws_biased(self, summary, warn_as):
-        """Warn (:class:`~numpyro_uha.UHAFitWarning`) where the importance weights move a
+        """Warn (:class:`~numpyro_uha.UHADrawsOffWarning`) where the importance weights move a
         latent coordinate's mean by more than ``SHIFT_BAD`` of its sd and by more than
         ``SHIFT_SE_BAD`` standard errors, and where they widen or narrow its sd by more
         than a factor ``1 + SPREAD_BAD`` and ``SHIFT_SE_BAD`` standard errors
@@ -2801,7 +2805,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 f"{se[worst]:.2f} sds, in the unconstrained coordinates), beyond the weights' "
                 f"noise: the draws are biased there. {corrected_by}; training longer or "
                 "a larger K brings the draws themselves closer.",
-                UHAFitWarning,
+                UHADrawsOffWarning,
                 stacklevel=4,
             )
         for narrow in (True, False):  # one warning per direction: a site can have both
@@ -2823,12 +2827,13 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 f"{'too short' if narrow else 'too long'}. {corrected_by}; training longer, "
                 "a larger K, or base_dist='cholesky' where the posterior is correlated "
                 "brings the draws themselves closer.",
-                UHAFitWarning,
+                UHADrawsOffWarning,
                 stacklevel=4,
             )
 
     def warn_if_worse_than_start(self, log_weights, *, model_args=None, stacklevel=2) -> bool:
-        """Warn (:class:`~numpyro_uha.UHAFitWarning`) when UHA's bound is worse than q's.
+        """Warn (:class:`~numpyro_uha.UHAWorseThanStartWarning`, a kind of
+        :class:`~numpyro_uha.UHAFitWarning`) when UHA's bound is worse than q's.
 
         UHA starts from a Gaussian q (the warm start, or ``init_from``) and training
         should only improve on q's ELBO: with ε → 0 the UHA bound *is* q's ELBO. Draws
@@ -2932,7 +2937,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             "too large for this posterior (a strongly correlated one: the momentum's "
             "scales are per coordinate): pass init_step_size at half (or less) of the "
             "first step it uses now, guide.get_annealing_params(params).step_sizes[0].",
-            UHAFitWarning,
+            UHAWorseThanStartWarning,
             stacklevel=stacklevel + 1,
         )
         return True
@@ -3040,9 +3045,13 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
 
         Concrete draws are checked by their UHA log weights, with a
         :class:`~numpyro_uha.UHAFitWarning` when training made the fit worse than its
-        start (:meth:`warn_if_worse_than_start`) and, from ``KHAT_MIN_DRAWS`` = 200
-        draws, when the weights are heavy-tailed (Pareto k̂ ≥ 0.7) or the ELBO's standard
-        error exceeds 1 nat: the draws may then be off, so check them against NUTS.
+        start (:class:`~numpyro_uha.UHAWorseThanStartWarning`,
+        :meth:`warn_if_worse_than_start`) and, from ``KHAT_MIN_DRAWS`` = 200 draws, when
+        the weights are heavy-tailed (Pareto k̂ ≥ 0.7) or the ELBO's standard error
+        exceeds 1 nat: the draws may then be off, so check them against NUTS. Below
+        k̂ 0.7, where the weights move a coordinate's mean or widen or narrow its sd
+        beyond their noise, :class:`~numpyro_uha.UHADrawsOffWarning` says the draws are
+        biased (too narrow, too wide) there.
         """
         check_model_keywords(self._user_model, kwargs, self.sample_posterior)
         return self._draws(

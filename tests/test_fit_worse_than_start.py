@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import conjugate_model as cm
-from numpyro_uha import UHAFitWarning, UHAGuide
+from numpyro_uha import UHADrawsOffWarning, UHAFitWarning, UHAGuide, UHAWorseThanStartWarning
 from numpyro_uha._weights import SHIFT_BAD, SPREAD_BAD
 from numpyro_uha.evaluation import log_z
 from numpyro_uha.guide import _marginal_std
@@ -294,3 +294,36 @@ def test_the_checks_say_the_same_in_one_chunk_or_several(fitted):
         guide.sample_batch_size = saved
     assert any("too wide there" in m for m in one_chunk), one_chunk
     assert chunked == one_chunk
+
+
+def test_each_check_has_its_own_kind_of_fit_warning(fitted):
+    """The worse-than-start check warns as UHAWorseThanStartWarning, the mean and spread
+    checks as UHADrawsOffWarning, both kinds of UHAFitWarning (what filtered for that
+    still sees them); a user who filters the draws' checks out keeps the others."""
+    fit = _warns(_bare_guide(), START - 3.0 + RNG.standard_normal(2000))
+    assert [w.category for w in fit] == [UHAWorseThanStartWarning]
+    guide, params = fitted
+    sd = _marginal_std(params["auto_scale_tril"])
+    moved = dict(params, auto_loc=params["auto_loc"].at[0].add(0.6 * sd[0]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guide.sample_posterior(jax.random.PRNGKey(1), moved, cm.Y, sample_shape=(1000,))
+    assert [w.category for w in caught if issubclass(w.category, UHAFitWarning)] == [
+        UHADrawsOffWarning
+    ]
+    scale_tril = params["auto_scale_tril"]
+    both = dict(params, auto_scale_tril=scale_tril.at[0].multiply(0.6).at[1].multiply(1.6))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guide.sample_posterior(jax.random.PRNGKey(1), both, cm.Y, sample_shape=(1000,))
+    spread = [w for w in caught if "the draws are too" in str(w.message)]
+    assert spread and all(w.category is UHADrawsOffWarning for w in spread)
+    broken = dict(params, auto_loc=params["auto_loc"] + 8 * sd)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=UHADrawsOffWarning)
+        guide.sample_posterior(jax.random.PRNGKey(1), moved, cm.Y, sample_shape=(1000,))
+        guide.sample_posterior(jax.random.PRNGKey(1), broken, cm.Y, sample_shape=(1000,))
+    kinds = {w.category for w in caught}
+    assert UHADrawsOffWarning not in kinds
+    assert UHAFitWarning in kinds and UHAWorseThanStartWarning in kinds

@@ -133,3 +133,39 @@ def test_holdout_log_density_finite_at_reference_mean(name):
     assert np.isfinite(float(log_joint)), f"{name}: log density {log_joint} at the NUTS mean"
     energy = jax.jit(lambda u: potential_energy(entry.model, entry.args, {}, u))(unconstrained)
     assert np.isfinite(float(energy)), f"{name}: potential energy {energy} at the NUTS mean"
+
+
+def test_the_fit_checks_are_told_apart_by_kind_and_phrase(fitted_conjugate_warnings):
+    """benchmarks.zoo records which fit checks spoke: the guide's real warnings (the
+    draws' checks are UHADrawsOffWarning, worse-than-start UHAWorseThanStartWarning, both
+    kinds of UHAFitWarning) are tagged, and such runs count as warned."""
+    from benchmarks.zoo import _fit_warned, fit_checks
+
+    log = fitted_conjugate_warnings
+    names = sorted({w.category.__name__ for w in log})
+    assert names == ["UHADrawsOffWarning", "UHAWorseThanStartWarning"]
+    assert fit_checks(log) == ["mean_shift", "worse_than_start"]
+    assert _fit_warned({"warnings": names})
+    assert not _fit_warned({"warnings": ["UHAMemoryMapWarning"]})
+
+
+@pytest.fixture(scope="module")
+def fitted_conjugate_warnings():
+    """The conjugate model's fitted guide, q's mean moved 0.6 sd (the draws' mean check
+    speaks), then judged against a start placed above its ELBO (worse than start)."""
+    import warnings
+
+    import conjugate_model as cm
+    from numpyro_uha.guide import _marginal_std
+
+    guide, params = cm.fit_guide()
+    sd = _marginal_std(params["auto_scale_tril"])
+    moved = dict(params, auto_loc=params["auto_loc"].at[0].add(0.6 * sd[0]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(1), moved, cm.Y, sample_shape=(1000,)
+        )
+        guide._start_elbo = (float(np.mean(draws.log_weights)) + 5.0, 1e-3)
+        guide.warn_if_worse_than_start(draws.log_weights)
+    return caught

@@ -185,3 +185,52 @@ def test_the_checks_made_beside_the_weight_summary_are_the_first_draws_own():
         n, largest, latent_dim=3,
     )
     assert np.all(skipped.checks == 0.0)
+
+
+def test_a_coordinate_far_from_zero_against_its_sd_keeps_its_precision():
+    """10 000 float32 draws of 1000 ± 0.01 (a raw-scale intercept): the device program's
+    shifts and sd ratios are the float64 ones (summed unshifted, the means came out a
+    whole sd apart and the sds 0.1 of each other)."""
+    rng = np.random.default_rng(0)
+    z = (1000.0 + 0.01 * rng.normal(size=(10000, 2))).astype(np.float32)
+    log_w = (0.3 * rng.normal(size=10000)).astype(np.float32)
+    finite = np.ones(10000, bool)
+    on_device = np.asarray(jax.jit(check_values)(log_w, finite, z))
+    with np.errstate(invalid="ignore"):
+        exact = check_values(log_w.astype(np.float64), finite, z.astype(np.float64), xp=np)
+    np.testing.assert_allclose(on_device, exact, atol=2e-3)
+    (_, _, biased), (_, _, misspread) = draw_checks(log_w, finite, z)
+    assert biased.size == 0 and misspread.size == 0
+
+
+def test_a_fitted_guide_far_from_zero_is_not_called_off():
+    """A fitted guide whose posterior is 1000 ± 0.01 (y ~ N(mu, 0.1), 100 points near
+    1000): 10 000 draws, in one chunk (the chain's program makes the checks) and in ten
+    (the summary's program): no UHADrawsOffWarning (both gave one, "by +1.00 sds",
+    before the draws were shifted by the first one)."""
+    import warnings
+
+    import numpyro
+    import numpyro.distributions as dist
+    import optax
+    from numpyro.infer import SVI, Trace_ELBO
+
+    from numpyro_uha import UHADrawsOffWarning, UHAGuide
+
+    y = np.asarray(1000.0 + 0.1 * np.random.default_rng(0).normal(size=100), np.float32)
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(1000.0, 100.0))
+        numpyro.sample("y", dist.Normal(mu, 0.1), obs=y)
+
+    for batch in (16384, 1008):
+        guide = UHAGuide(model, K=4, sample_batch_size=batch)
+        svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
+        params = svi.run(jax.random.PRNGKey(0), 300, y, progress_bar=False).params
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            draws = guide.sample_posterior(
+                jax.random.PRNGKey(1), params, y, sample_shape=(10000,)
+            )
+        assert abs(float(np.mean(draws["mu"])) - float(np.mean(y))) < 0.01
+        assert not [w for w in caught if issubclass(w.category, UHADrawsOffWarning)]

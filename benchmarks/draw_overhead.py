@@ -110,7 +110,10 @@ def main(argv=None):
     chain = dict(params=params, arrays=arrays, spec=spec, corrected=False, with_info=False,
                  with_samples=True, sharding=None)
     if -(-n // width) == 1:
-        chain.update(split=True, num_valid=np.int32(n), threshold=-np.inf)
+        # the plain call's own program: a traced offset and checks flag (a constant one
+        # would compile another program)
+        chain.update(split=True, num_valid=np.int32(n), threshold=-np.inf,
+                     offset=np.uint32(0), check=np.bool_(False))
         rows["chain"] = _median_ms(lambda: draw(key, batch_size=width, **chain), args.repeats)
         *out, fused = draw(key, batch_size=width, **chain)
         rows["join"] = _median_ms(lambda: guide_module._join([tuple(out)], n), args.repeats)

@@ -57,7 +57,7 @@ from benchmarks.common import environment, results_dir, write_results
 from benchmarks.zoo_holdout import HOLDOUT
 from benchmarks.zoo_holdout import SMOKE_MODELS as HOLDOUT_SMOKE_MODELS
 from benchmarks.zoo_models import SMOKE_MODELS, ZOO, latent_sites
-from numpyro_uha import UHAFitWarning, UHAGuide
+from numpyro_uha import UHADrawsOffWarning, UHAFitWarning, UHAGuide
 from numpyro_uha.evaluation import importance_resample, log_z_from_weights, psis_khat
 
 REFERENCE_DIR = Path(__file__).parent / "reference" / "zoo_nuts"
@@ -391,20 +391,25 @@ FIT_WARNINGS = (
 FIT_CHECK_TAGS = {
     "khat": "Pareto k̂ =",
     "worse_than_start": "worse than the Gaussian q it started from",
-    "mean_shift": "the draws are biased there",
-    "spread": "the importance weights widen the spread",
-    "spread_wide": "the importance weights narrow the spread",
     "diverged_draws": "draws diverged",
 }
 
 
+#: UHADrawsOffWarning's own ``check`` attribute -> the tag
+DRAWS_OFF_TAGS = {"biased": "mean_shift", "too_narrow": "spread", "too_wide": "spread_wide"}
+
+
 def fit_checks(log) -> list:
     """Which of the checks behind ``UHAFitWarning`` and its kinds spoke in ``log``
-    (``warnings.catch_warnings(record=True)``'s list): FIT_CHECK_TAGS' tags, by phrase."""
-    return sorted({
-        tag for w in log if issubclass(w.category, UHAFitWarning)
-        for tag, text in FIT_CHECK_TAGS.items() if text in str(w.message)
-    })
+    (``warnings.catch_warnings(record=True)``'s list): the draws' checks by their
+    warning's ``check`` attribute, the others by FIT_CHECK_TAGS' phrases."""
+    tags = set()
+    for w in log:
+        if issubclass(w.category, UHADrawsOffWarning):
+            tags.add(DRAWS_OFF_TAGS[w.message.check])
+        elif issubclass(w.category, UHAFitWarning):
+            tags |= {tag for tag, text in FIT_CHECK_TAGS.items() if text in str(w.message)}
+    return sorted(tags)
 
 
 def _fit_warned(run) -> bool:
@@ -497,7 +502,7 @@ def render(payload) -> str:
     if checked:
         lines += ["", "Which of `UHAFitWarning`'s checks spoke (runs with `fit_checks` recorded; "
                   "right / wrong by the cell's criterion):", ""]
-        for tag in FIT_CHECK_TAGS:
+        for tag in [*FIT_CHECK_TAGS, *DRAWS_OFF_TAGS.values()]:
             spoke = [r for r in checked if tag in r["fit_checks"]]
             if spoke:
                 right = sum(bool(r.get("right")) for r in spoke)

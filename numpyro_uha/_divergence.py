@@ -106,7 +106,18 @@ class UHADrawsOffWarning(UHAFitWarning):
     ("too narrow" / "too wide there"). Weighted moments or importance-resampled draws
     correct for it; the unweighted draws (``sample_posterior``, ``Predictive``) do not.
     A kind of :class:`UHAFitWarning`: filter it on its own with
-    ``warnings.filterwarnings(..., category=UHADrawsOffWarning)``."""
+    ``warnings.filterwarnings(..., category=UHADrawsOffWarning)``.
+
+    Attributes (of the warning, ``caught.message`` in ``warnings.catch_warnings(record=
+    True)``'s list):
+        check: ``"biased"`` (the mean), ``"too_narrow"`` or ``"too_wide"`` (the sd).
+        sites: the model sites flagged, worst first.
+    """
+
+    def __init__(self, message, check=None, sites=()):
+        super().__init__(message)
+        self.check = check
+        self.sites = tuple(sites)
 
 
 class UHAWorseThanStartWarning(UHAFitWarning):

@@ -2788,7 +2788,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         def worst_first(flagged, size):
             order = flagged[np.argsort(-np.abs(size[flagged]))]
             sites = list(dict.fromkeys(owner.get(int(i), "?") for i in order))
-            return f"{sites[:6]}{' …' if len(sites) > 6 else ''}", int(order[0])
+            return sites, int(order[0])
+
+        def shown(sites):
+            return f"{sites[:6]}{' …' if len(sites) > 6 else ''}"
 
         corrected_by = (
             "Moments from the weights (numpyro_uha.evaluation.weighted_moments on "
@@ -2799,13 +2802,15 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if bad.size:
             sites, worst = worst_first(bad, shift)
             warnings.warn(
-                f"UHAGuide.{warn_as}: the importance weights move the mean of site(s) "
-                f"{sites} by more than {SHIFT_BAD:g} of "
-                f"its sd (most: {where.get(worst, '?')}, by {shift[worst]:+.2f} ± "
-                f"{se[worst]:.2f} sds, in the unconstrained coordinates), beyond the weights' "
-                f"noise: the draws are biased there. {corrected_by}; training longer or "
-                "a larger K brings the draws themselves closer.",
-                UHADrawsOffWarning,
+                UHADrawsOffWarning(
+                    f"UHAGuide.{warn_as}: the importance weights move the mean of site(s) "
+                    f"{shown(sites)} by more than {SHIFT_BAD:g} of "
+                    f"its sd (most: {where.get(worst, '?')}, by {shift[worst]:+.2f} ± "
+                    f"{se[worst]:.2f} sds, in the unconstrained coordinates), beyond the "
+                    f"weights' noise: the draws are biased there. {corrected_by}; training "
+                    "longer or a larger K brings the draws themselves closer.",
+                    check="biased", sites=sites,
+                ),
                 stacklevel=4,
             )
         for narrow in (True, False):  # one warning per direction: a site can have both
@@ -2817,17 +2822,21 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             low, high = math.exp(log_ratio[worst] - ratio_se[worst]), math.exp(
                 log_ratio[worst] + ratio_se[worst]
             )
-            warnings.warn(
+            message = (
                 f"UHAGuide.{warn_as}: the importance weights {'widen' if narrow else 'narrow'}"
-                f" the spread of site(s) {sites} by more than a factor {1 + SPREAD_BAD:g} "
-                f"(most: {where.get(worst, '?')}: the weighted sd is {ratio:.2f} "
-                f"({low:.2f} to {high:.2f}, ± one standard error) times the draws' own, in "
-                "the unconstrained coordinates), beyond the weights' noise: the draws are "
-                f"too {'narrow' if narrow else 'wide'} there, and their intervals "
+                f" the spread of site(s) {shown(sites)} by more than a factor "
+                f"{1 + SPREAD_BAD:g} (most: {where.get(worst, '?')}: the weighted sd is "
+                f"{ratio:.2f} ({low:.2f} to {high:.2f}, ± one standard error) times the "
+                "draws' own, in the unconstrained coordinates), beyond the weights' noise: the "
+                f"draws are too {'narrow' if narrow else 'wide'} there, and their intervals "
                 f"{'too short' if narrow else 'too long'}. {corrected_by}; training longer, "
                 "a larger K, or base_dist='cholesky' where the posterior is correlated "
-                "brings the draws themselves closer.",
-                UHADrawsOffWarning,
+                "brings the draws themselves closer."
+            )
+            warnings.warn(
+                UHADrawsOffWarning(
+                    message, check="too_narrow" if narrow else "too_wide", sites=sites
+                ),
                 stacklevel=4,
             )
 

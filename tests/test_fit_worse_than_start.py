@@ -308,9 +308,9 @@ def test_each_check_has_its_own_kind_of_fit_warning(fitted):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         guide.sample_posterior(jax.random.PRNGKey(1), moved, cm.Y, sample_shape=(1000,))
-    assert [w.category for w in caught if issubclass(w.category, UHAFitWarning)] == [
-        UHADrawsOffWarning
-    ]
+    (off,) = [w for w in caught if issubclass(w.category, UHAFitWarning)]
+    assert off.category is UHADrawsOffWarning
+    assert (off.message.check, off.message.sites) == ("biased", ("mu",))
     scale_tril = params["auto_scale_tril"]
     both = dict(params, auto_scale_tril=scale_tril.at[0].multiply(0.6).at[1].multiply(1.6))
     with warnings.catch_warnings(record=True) as caught:
@@ -318,6 +318,10 @@ def test_each_check_has_its_own_kind_of_fit_warning(fitted):
         guide.sample_posterior(jax.random.PRNGKey(1), both, cm.Y, sample_shape=(1000,))
     spread = [w for w in caught if "the draws are too" in str(w.message)]
     assert spread and all(w.category is UHADrawsOffWarning for w in spread)
+    # the warning says which check and which sites, for code to read
+    assert {w.message.check for w in spread} >= {"too_wide"}
+    assert all(w.message.sites == ("mu",) for w in spread)
+    assert all(f"too {w.message.check[4:]} there" in str(w.message) for w in spread)
     broken = dict(params, auto_loc=params["auto_loc"] + 8 * sd)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -14,6 +14,7 @@ import optax
 from numpyro.infer import SVI, Trace_ELBO
 
 from numpyro_uha import UHAGuide
+from numpyro_uha.guide import _marginal_std
 
 PRIOR_SD, NOISE_SD, N_OBS = 3.0, 1.0, 20
 Y = jnp.array([1.0, -0.5]) + NOISE_SD * jax.random.normal(jax.random.PRNGKey(1), (N_OBS, 2))
@@ -54,3 +55,16 @@ def fit_guide():
     svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
     result = svi.run(jax.random.PRNGKey(0), 300, Y, progress_bar=False)
     return guide, result.params
+
+
+def mean_moved(params):
+    """Fitted params with q's mean of mu[0] moved 0.6 of its sd: K = 4 steps bring the
+    draws only part of the way back, so the draws' mean check speaks."""
+    sd = _marginal_std(params["auto_scale_tril"])
+    return dict(params, auto_loc=params["auto_loc"].at[0].add(0.6 * sd[0]))
+
+
+def narrow_and_wide(params):
+    """Fitted params with q's sd of mu[0] shrunk to 0.6 and mu[1]'s widened 1.6-fold."""
+    scale_tril = params["auto_scale_tril"]
+    return dict(params, auto_scale_tril=scale_tril.at[0].multiply(0.6).at[1].multiply(1.6))

@@ -70,6 +70,14 @@ def _draws_and_fit_warnings(guide, params, num_draws):
     return draws, [str(w.message) for w in caught if issubclass(w.category, UHAFitWarning)]
 
 
+def _sample_posterior_warnings(guide, params):
+    """The warnings ``sample_posterior`` (key 1, 1000 draws, the conjugate data) gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guide.sample_posterior(jax.random.PRNGKey(1), params, cm.Y, sample_shape=(1000,))
+    return caught
+
+
 RNG = np.random.default_rng(0)
 
 
@@ -230,11 +238,7 @@ def test_draws_the_weights_move_are_called_biased(fitted):
     barely worse, so no other check speaks. The fitted params themselves: no warning
     (test_trained_guide_does_not_warn)."""
     guide, params = fitted
-    sd = _marginal_std(params["auto_scale_tril"])
-    moved = dict(params, auto_loc=params["auto_loc"].at[0].add(0.6 * sd[0]))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        guide.sample_posterior(jax.random.PRNGKey(1), moved, cm.Y, sample_shape=(1000,))
+    caught = _sample_posterior_warnings(guide, cm.mean_moved(params))
     (warning,) = [w for w in caught if issubclass(w.category, UHAFitWarning)]
     message = str(warning.message)
     assert "the draws are biased there" in message
@@ -267,9 +271,7 @@ def test_draws_wider_than_their_weights_say_are_called_too_wide(fitted):
     from numpyro_uha.evaluation import psis_khat
 
     guide, params = fitted
-    scale_tril = params["auto_scale_tril"]
-    both = dict(params, auto_scale_tril=scale_tril.at[0].multiply(0.6).at[1].multiply(1.6))
-    draws, fit = _draws_and_fit_warnings(guide, both, 1000)
+    draws, fit = _draws_and_fit_warnings(guide, cm.narrow_and_wide(params), 1000)
     assert psis_khat(draws.log_weights) < 0.7
     wide = [m for m in fit if "the draws are too wide there" in m]
     assert len(wide) == 1, fit
@@ -282,8 +284,7 @@ def test_the_checks_say_the_same_in_one_chunk_or_several(fitted):
     over the joined draws where they do not (256 at a time: four chunks). The same
     draws (each draw's key is the same whatever the width), the same warnings."""
     guide, params = fitted
-    scale_tril = params["auto_scale_tril"]
-    both = dict(params, auto_scale_tril=scale_tril.at[0].multiply(0.6).at[1].multiply(1.6))
+    both = cm.narrow_and_wide(params)
     assert guide.sample_batch_size >= 1000
     _, one_chunk = _draws_and_fit_warnings(guide, both, 1000)
     saved = guide._sample_batch_size
@@ -303,25 +304,21 @@ def test_each_check_has_its_own_kind_of_fit_warning(fitted):
     fit = _warns(_bare_guide(), START - 3.0 + RNG.standard_normal(2000))
     assert [w.category for w in fit] == [UHAWorseThanStartWarning]
     guide, params = fitted
-    sd = _marginal_std(params["auto_scale_tril"])
-    moved = dict(params, auto_loc=params["auto_loc"].at[0].add(0.6 * sd[0]))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        guide.sample_posterior(jax.random.PRNGKey(1), moved, cm.Y, sample_shape=(1000,))
-    (off,) = [w for w in caught if issubclass(w.category, UHAFitWarning)]
+    moved = cm.mean_moved(params)
+    (off,) = [
+        w for w in _sample_posterior_warnings(guide, moved)
+        if issubclass(w.category, UHAFitWarning)
+    ]
     assert off.category is UHADrawsOffWarning
     assert (off.message.check, off.message.sites) == ("biased", ("mu",))
-    scale_tril = params["auto_scale_tril"]
-    both = dict(params, auto_scale_tril=scale_tril.at[0].multiply(0.6).at[1].multiply(1.6))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        guide.sample_posterior(jax.random.PRNGKey(1), both, cm.Y, sample_shape=(1000,))
+    caught = _sample_posterior_warnings(guide, cm.narrow_and_wide(params))
     spread = [w for w in caught if "the draws are too" in str(w.message)]
     assert spread and all(w.category is UHADrawsOffWarning for w in spread)
     # the warning says which check and which sites, for code to read
     assert {w.message.check for w in spread} >= {"too_wide"}
     assert all(w.message.sites == ("mu",) for w in spread)
     assert all(f"too {w.message.check[4:]} there" in str(w.message) for w in spread)
+    sd = _marginal_std(params["auto_scale_tril"])
     broken = dict(params, auto_loc=params["auto_loc"] + 8 * sd)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -156,11 +156,9 @@ def fitted_conjugate_warnings():
     import warnings
 
     import conjugate_model as cm
-    from numpyro_uha.guide import _marginal_std
 
     guide, params = cm.fit_guide()
-    sd = _marginal_std(params["auto_scale_tril"])
-    moved = dict(params, auto_loc=params["auto_loc"].at[0].add(0.6 * sd[0]))
+    moved = cm.mean_moved(params)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         draws = guide.sample_posterior_with_log_weights(

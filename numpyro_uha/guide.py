@@ -862,6 +862,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         # the model reads its data's values: programs hold the data (_needs_concrete_data)
         self._hold_data = False
         self._jitted_draws = {}
+        # per argument structure and shapes: whether a values-only call (Predictive)
+        # withholds the data, so that the chains run on the setup's (_chain_arguments)
+        self._withheld_calls = {}
         # the last params checked and what the check found: a repeated draw with the same
         # (immutable) arrays reads nothing back from the device for it
         self._checked_params = _LastSeen()
@@ -1903,11 +1906,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             raise ValueError(
                 f"UHAGuide: site(s) {extra} are unobserved in this call but were observed "
                 "when the guide was set up. UHA's dynamics target the posterior, so the guide "
-                "needs the observed data: call Predictive/sample_posterior with the same data "
-                "arguments used in training (e.g. Predictive(model, guide=guide, "
-                "params=params, num_samples=n)(key, X, y)). To predict at new inputs, draw "
-                "posterior samples with guide.sample_posterior(key, params, X, y, ...) and "
-                "pass them to Predictive(model, posterior_samples=...)."
+                "needs the observed data: train and call sample_posterior or log Z with "
+                "the data arguments used in training. Predictive(model, guide=guide, "
+                "params=params, num_samples=n)(key, X_new) may leave out all the observed "
+                "data (not only some): the guide then draws from the posterior of the data "
+                "it was set up with, and the model predicts at X_new."
             )
         gone = [
             name for name in self._init_locs
@@ -2213,6 +2216,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         try:
             if setup_call:
                 self._setup_prototype(*args, **kwargs)
+            else:
+                args, kwargs = self._chain_arguments(args, kwargs)
             latent, model_params = self._latent_and_model_params(
                 *args, _setup_call=setup_call, **kwargs
             )
@@ -2261,6 +2266,84 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 )
             _guide_factor(f"_{self.prefix}_discrete_factor", log_conditional)
         return result
+
+    def _chain_arguments(self, args, kwargs):
+        """The model arguments this call's chain runs on: the call's own, except in a
+        call that asks for values only (``numpyro.get_mask() is False``: ``Predictive``'s
+        draw from the guide) and withholds every site that was observed at setup (``y=None``
+        to predict ``y``, at the training inputs or at new ones). The chain then targets
+        the posterior of the setup's data (the arguments of ``svi.init``, as
+        :meth:`sample_posterior` called without arguments does), and ``Predictive`` runs
+        the model at the call's arguments with those latent values: posterior predictive
+        draws, as with any AutoGuide. The call's latent sites must be the setup's, with
+        the same shapes (a latent site sized by the data has no posterior at new data
+        points: a clear error). Training (the mask is never off there), a call that
+        observes some of the data, and a guide set up on traced arguments keep the
+        call's own arguments (and the error that names the withheld sites)."""
+        if numpyro.get_mask() is not False or self._setup_args is None:
+            return args, kwargs
+        arrays, spec = _split_static((args, kwargs), self._hold_data)
+        try:
+            key = (spec, tuple((jnp.shape(a), jnp.result_type(a)) for a in arrays))
+            hash(key)
+        except TypeError:  # an unhashable static leaf: decide without the cache
+            key = None
+        withheld = self._withheld_calls.get(key) if key is not None else None
+        if withheld is None:
+            withheld = self._withholds_data(args, kwargs)
+            if key is not None:
+                self._withheld_calls[key] = withheld
+        return self._setup_args if withheld else (args, kwargs)
+
+    def _withholds_data(self, args, kwargs) -> bool:
+        """Whether the model at ``args``, ``kwargs`` observes none of the sites observed
+        at setup while its latent sites are the setup's; raises where they are not the
+        setup's shapes (see :meth:`_chain_arguments`)."""
+        observed = [
+            name for name, site in self.prototype_trace.items()
+            if site["type"] == "sample" and site["is_observed"]
+        ]
+        if not observed:
+            return False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                model_trace = self._trace_at_init(self.model, args, kwargs)
+            except Exception:  # the call's own path raises the model's error
+                return False
+        if any(
+            name in model_trace and model_trace[name]["type"] == "sample"
+            and model_trace[name]["is_observed"]
+            for name in observed
+        ):
+            return False
+        latent = {
+            name: site for name, site in model_trace.items()
+            if site["type"] == "sample" and not site["is_observed"] and name not in observed
+            and name not in self._discrete
+        }
+        if set(latent) != set(self._init_locs):
+            return False
+        changed = [
+            (self._model_site(name), tuple(jnp.shape(self.prototype_trace[name]["value"])),
+             tuple(jnp.shape(site["value"])))
+            for name, site in latent.items()
+            if jnp.shape(site["value"]) != jnp.shape(self.prototype_trace[name]["value"])
+        ]
+        if changed:
+            raise ValueError(
+                "UHAGuide: called without the observed data "
+                f"({[self._model_site(n) for n in observed]}), the guide draws from the "
+                "posterior of the data it was set up with, but at these arguments latent "
+                "site(s) have other shapes: "
+                + ", ".join(f"'{n}' {b} instead of {a}" for n, a, b in changed)
+                + ". Latent values sized by the data (one per data point) have no "
+                "posterior at new data points from this guide; predict at inputs that "
+                "keep every latent site's shape, or draw with "
+                "guide.sample_posterior(key, params, *training_data) and pass the draws "
+                "of the sites you need to Predictive(model, posterior_samples=...)."
+            )
+        return True
 
     def _choose_discrete_draws(self, latent, model_params, arrays, spec, args, kwargs):
         """At setup: whether the guide can draw its discrete sites from p(c | z, x)
@@ -2428,6 +2511,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         # compiled functions do not pickle; they are rebuilt on first use
         state["_jitted_draws"] = {}
         state["_jitted_setup"] = {}
+        state["_withheld_calls"] = {}
         state["_checked_params"] = _LastSeen()
         state["_checked_data"] = _LastSeen()
         state["_auto_batch_size"] = None  # sized again for the device it is loaded on
@@ -2448,6 +2532,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         state.setdefault("progress_bar", True)
         state.setdefault("_checked_params", _LastSeen())
         state.setdefault("_checked_data", _LastSeen())
+        state.setdefault("_withheld_calls", {})
         state.setdefault("_hold_data", False)
         state.setdefault("_discrete", ())
         state.setdefault("_plate_nesting", 0)

@@ -851,3 +851,52 @@ def test_a_site_latent_at_setup_and_given_now_is_refused_not_ignored(case):
     ):
         with pytest.raises(ValueError, match=match):
             call()
+
+
+def _two_observations(y1=None, y2=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("first", 3):
+        numpyro.sample("y1", dist.Normal(mu, 1.0), obs=y1)
+    numpyro.sample("y2", dist.Normal(mu, 2.0), obs=y2)
+
+
+def _one_latent_per_point(y=None, n=None):
+    n = y.shape[0] if y is not None else n
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", n):
+        z = numpyro.sample("z", dist.Normal(mu, 1.0))
+        numpyro.sample("y", dist.Normal(z, 0.5), obs=y)
+
+
+def test_predictive_withholding_only_some_data_names_the_site():
+    """Predictive may leave out all the observed data (the guide then draws from the
+    setup's posterior), not only some: y1 given, y2 left out is refused by name."""
+    guide = UHAGuide(_two_observations, K=2, warm_start_steps=0)
+    svi = svi_for(_two_observations, guide)
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y, jnp.array(0.3)))
+    predictive = Predictive(
+        _two_observations, guide=guide, params=params, num_samples=4, return_sites=["mu"]
+    )
+    with pytest.raises(ValueError, match=r"\['y2'\] are unobserved in this call"):
+        predictive(jax.random.PRNGKey(1), Y)
+    both = predictive(jax.random.PRNGKey(1), Y, jnp.array(0.3))
+    np.testing.assert_array_equal(predictive(jax.random.PRNGKey(1))["mu"], both["mu"])
+
+
+def test_predictive_without_data_names_a_latent_sized_by_the_data():
+    """One latent z per data point: left without y at the training size, Predictive
+    draws them from the setup's posterior; at another size they have none, and the
+    error names the site and both shapes."""
+    guide = UHAGuide(_one_latent_per_point, K=2, warm_start_steps=0)
+    svi = svi_for(_one_latent_per_point, guide)
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y))
+    predictive = Predictive(
+        _one_latent_per_point, guide=guide, params=params, num_samples=4,
+        return_sites=["z", "y"],
+    )
+    given = predictive(jax.random.PRNGKey(1), Y)
+    withheld = predictive(jax.random.PRNGKey(1), None, 3)
+    np.testing.assert_array_equal(withheld["z"], given["z"])
+    assert withheld["y"].shape == (4, 3)
+    with pytest.raises(ValueError, match=r"'z' \(5,\) instead of \(3,\)"):
+        predictive(jax.random.PRNGKey(1), None, 5)

@@ -185,11 +185,42 @@ def test_predictive_with_guide_shapes(fitted):
     np.testing.assert_allclose(out["total"], out["mu"][:, None] + out["theta"], rtol=1e-6)
 
 
-def test_predictive_without_observed_data_names_the_site(fitted):
+@pytest.mark.parametrize("parallel", [False, True])
+def test_predictive_without_the_data_predicts_from_the_training_posterior(fitted, parallel):
+    """NumPyro's idiom Predictive(model, guide=guide, params=params, num_samples=n)(key,
+    new inputs), y left out: the guide's chains run on the data it was set up with (the
+    latent draws are those of the call given y, to the bit, with the same key), and the
+    model runs at the call's arguments: y has the new size and is drawn around mu (its
+    mean over the draws within 4 Monte Carlo standard errors of mu's)."""
     guide, params = fitted
-    predictive = Predictive(normal_model, guide=guide, params=params, num_samples=7)
-    with pytest.raises(ValueError, match=r"\['y'\]"):
-        predictive(jax.random.PRNGKey(2))
+    sites = ["mu", "theta", "total", "y"]
+    predictive = Predictive(
+        normal_model, guide=guide, params=params, num_samples=400, return_sites=sites,
+        parallel=parallel,
+    )
+    key = jax.random.PRNGKey(2)
+    given = predictive(key, Y1)
+    np.testing.assert_array_equal(given["y"][0], Y1)  # observed: the data
+    for args in [(), (None, 7)]:  # the training size, then 7 new points
+        predicted = predictive(key, *args)
+        for name in ("mu", "theta", "total"):
+            np.testing.assert_array_equal(predicted[name], given[name])
+        n = args[1] if args else N_OBS
+        assert predicted["y"].shape == (400, n)
+        residual = np.asarray(predicted["y"] - predicted["mu"][:, None]).reshape(-1)
+        se = residual.std() / math.sqrt(residual.size)  # unit noise: independent entries
+        assert abs(residual.mean()) < 4 * se, (residual.mean(), se)
+        assert abs(residual.std() - 1.0) < 0.1  # y's noise sd is 1
+
+
+def test_predictive_with_some_data_or_training_without_it_is_refused(fitted):
+    """Only a values-only call that leaves out every observed site draws from the setup's
+    data; training without y still names the site."""
+    guide, params = fitted
+    svi = make_svi(normal_model, guide, lr=5e-3)
+    state = svi.init(jax.random.PRNGKey(0), Y1)
+    with pytest.raises(ValueError, match=r"\['y'\] are unobserved in this call"):
+        svi.update(state)
 
 
 # ---------------------------------------------------------------------- sample shapes

@@ -2320,15 +2320,15 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         latent = {
             name: site for name, site in model_trace.items()
             if site["type"] == "sample" and not site["is_observed"] and name not in observed
-            and name not in self._discrete
         }
-        if set(latent) != set(self._init_locs):
+        if set(latent) != set(self._init_locs) | set(self._discrete):
             return False
-        changed = [
+        changed = [  # the discrete sites too: drawn per data point, e.g. a mixture's
             (self._model_site(name), tuple(jnp.shape(self.prototype_trace[name]["value"])),
              tuple(jnp.shape(site["value"])))
             for name, site in latent.items()
-            if jnp.shape(site["value"]) != jnp.shape(self.prototype_trace[name]["value"])
+            if name in self.prototype_trace
+            and jnp.shape(site["value"]) != jnp.shape(self.prototype_trace[name]["value"])
         ]
         if changed:
             raise ValueError(

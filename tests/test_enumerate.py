@@ -15,7 +15,7 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 import pytest
-from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer import SVI, Predictive, Trace_ELBO
 from scipy.special import logsumexp
 from scipy.stats import norm
 
@@ -478,3 +478,34 @@ def test_padding_changes_neither_the_target_nor_the_kept_points_log_likelihood()
     pointwise = np.asarray(idata.log_likelihood["y"]).reshape(10, -1)
     np.testing.assert_allclose(pointwise[:, : Y.shape[0]], expected, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(pointwise[:, Y.shape[0]:], 0.0, atol=1e-6)
+
+
+def _sized_mixture(y=None, n=None):
+    """``mixture`` whose size can be given without data (Predictive at new points)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))
+    with numpyro.plate("data", y.shape[0] if y is not None else n):
+        c = numpyro.sample("c", dist.Categorical(jnp.asarray(WEIGHTS)),
+                           infer={"enumerate": "parallel"})
+        numpyro.sample("y", dist.Normal(mu + jnp.asarray(OFFSETS)[c], 1.0), obs=y)
+
+
+def test_predictive_without_data_draws_the_assignments_of_the_training_posterior():
+    """Predictive without y: at the training size the assignments (and mu) are those of
+    the call given y, with the same key; at another size the assignments, one per data
+    point, have no posterior from this guide, and the error names c and both shapes
+    (not a broadcasting error from inside the model)."""
+    guide = UHAGuide(_sized_mixture, K=2, warm_start_steps=0)
+    svi = SVI(_sized_mixture, guide, optax.adam(1e-2), Trace_ELBO())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Trace_ELBO and discrete sites
+        params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y))
+    predictive = Predictive(
+        _sized_mixture, guide=guide, params=params, num_samples=8, return_sites=["mu", "c", "y"]
+    )
+    given = predictive(jax.random.PRNGKey(1), Y)
+    withheld = predictive(jax.random.PRNGKey(1), None, Y.shape[0])
+    for name in ("mu", "c"):
+        np.testing.assert_array_equal(withheld[name], given[name])
+    assert not np.array_equal(withheld["y"], given["y"])  # drawn, not the data
+    with pytest.raises(ValueError, match=r"'c' \(5,\) instead of \(12,\)"):
+        predictive(jax.random.PRNGKey(1), None, 5)

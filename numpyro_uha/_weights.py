@@ -441,22 +441,30 @@ def summary_largest(n: int, khat: bool = True) -> int:
     return _top_count(n) if khat and n >= 2 else 0
 
 
-def weight_summary(log_weights, finite, *, threshold=-np.inf, khat=False, latent=None, check=True):
+def weight_summary(
+    log_weights, finite, *, threshold=-np.inf, khat=False, latent=None, check=True,
+    num_valid=None,
+):
     """One program on the device and two small copies to the host, instead of
     the ``n`` log weights: the count of ``finite`` draws, the mean, variance (ddof 1),
     minimum and maximum of their log weights, how many lie below ``threshold``, and (with
     ``khat``) the ``tail_size(n) + 1`` largest, from which :func:`summary_khat` gives
     :func:`psis_khat` of the log weights with the non-finite draws' set to -inf; with
     the draws' ``latent``, their :func:`check_values` too (where ``check``).
-    Statistics in the log weights' dtype; ``median`` is NaN (not computed)."""
-    n = int(np.size(log_weights))
-    num_largest = summary_largest(n, khat)
+    Statistics in the log weights' dtype; ``median`` is NaN (not computed).
+
+    ``num_valid``: only the first ``num_valid`` draws count, the rest are padding (passed
+    traced, with the largest taken for the padded size: one program per padded size,
+    not per ``num_valid``, e.g. for the guide's draws joined from chunks of one width)."""
+    size = int(np.size(log_weights))
+    n = size if num_valid is None else int(num_valid)
     values = _weight_summary(
         log_weights, finite, np.asarray(threshold, jnp.result_type(log_weights)),
-        num_largest=num_largest, latent=latent, check=np.bool_(check),
+        num_largest=summary_largest(size, khat), latent=latent, check=np.bool_(check),
+        num_valid=None if num_valid is None else np.int32(n),
     )
-    latent_dim = None if latent is None else int(np.size(latent)) // max(n, 1)
-    return summary_from_values(values, n, num_largest, latent_dim)
+    latent_dim = None if latent is None else int(np.size(latent)) // max(size, 1)
+    return summary_from_values(values, n, summary_largest(n, khat), latent_dim)
 
 
 def summary_from_values(

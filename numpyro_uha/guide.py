@@ -2669,7 +2669,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             corrected=corrected, with_info=with_info, with_samples=with_samples,
             sharding=sharding,
         )
-        summary_arrays = start = None
+        summary_arrays = start = padded = None
         if nonfinite != "keep" and not _is_tracer((rng_key, params, arrays)):
             # q's ELBO at the start, where the draws can be compared with it: the weight
             # summary counts the draws more than 1 nat (_below_start) below it
@@ -2685,8 +2685,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             # wider one already compiled; the last chunk is padded with extra keys,
             # computed and dropped; ``batch_size``, where given, caps the width instead
             # of sample_batch_size). Keys, chunks and results stay on the device: what
-            # is compiled per sample_shape beyond the chain is a join (and, sharded, a
-            # key split and a slice).
+            # is compiled per sample_shape beyond the chain is a slice of the joined
+            # chunks (the join, and the weight summary over it with the padding masked
+            # out, once per chunk count; sharded, also a key split).
             cap = batch_size or self.sample_batch_size
             width = min(cap, _chunk_bucket(num_draws))
             width = -(-width // shards) * shards  # whole shards
@@ -2735,7 +2736,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             elif num_chunks == 1 and width == num_draws:
                 out = chunks[0]
             else:
-                out = _join(chunks, num_draws)
+                # the padding kept for the weight summary (one program per padded size,
+                # not per num_draws)
+                padded = _join(chunks)
+                out = jax.tree.map(lambda x: x[:num_draws], padded)
         else:
             # Traced (under an outer jit or vmap): one program, batched in one scan.
             keys = jax.random.split(rng_key, num_draws)
@@ -2754,6 +2758,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 summary = summary_from_values(
                     summary_arrays, num_draws, summary_largest(num_draws, judge),
                     self.latent_dim,
+                )
+            elif padded is not None:  # joined from chunks: over the padded join
+                summary = weight_summary(
+                    padded[1], padded[4], threshold=threshold, khat=judge, latent=padded[2],
+                    check=judge, num_valid=num_draws,
                 )
             else:
                 summary = weight_summary(
@@ -3997,9 +4006,11 @@ def _key_chunk(keys, start, width):
 
 
 @partial(jax.jit, static_argnums=1)
-def _join(chunks, num_draws):
-    """The chunks' draws end to end, the padding dropped (one program per chunk count
-    and ``num_draws``)."""
+def _join(chunks, num_draws=None):
+    """The chunks' draws end to end: the first ``num_draws`` (one program per chunk
+    count and ``num_draws``), or all of them, the last chunk's padding included."""
+    if num_draws is None:
+        return jax.tree.map(lambda *xs: jnp.concatenate(xs), *chunks)
     return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:num_draws], *chunks)
 
 

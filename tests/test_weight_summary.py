@@ -306,6 +306,41 @@ def test_the_chains_own_summary_is_that_of_the_returned_weights(fitted, n):
     assert summary_khat(got, n) == psis_khat(np.asarray(lw, np.float64))
 
 
+def test_the_summary_of_joined_chunks_is_that_of_the_returned_weights(fitted, monkeypatch):
+    """Several chunks (600 and 700 draws at width 256: three each): the weight summary
+    and the draws' checks are taken over the joined chunks with their padding masked
+    out, so they are those of the returned draws; and a new draw count with the same
+    chunk count compiles no new summary program."""
+    guide, params = fitted
+    monkeypatch.setattr(guide, "sample_batch_size", 256)
+    taken = []
+
+    def spy(*args, **kwargs):
+        summary = weight_summary(*args, **kwargs)
+        taken.append(summary)
+        return summary
+
+    monkeypatch.setattr(guide_module, "weight_summary", spy)
+    compiled = []
+    for n in (600, 700):
+        before = weights_module._weight_summary._cache_size()
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(8), params, cm.Y, sample_shape=(n,)
+        )
+        compiled.append(weights_module._weight_summary._cache_size() - before)
+        lw = draws.log_weights
+        assert lw.shape == (n,) and draws.num_dropped == 0
+        got = taken[-1]
+        want = weight_summary(lw, jnp.isfinite(lw), khat=True, latent=draws.latent)
+        assert (got.num_finite, got.low, got.high) == (want.num_finite, want.low, want.high)
+        assert np.array_equal(got.largest, want.largest)
+        assert got.mean == pytest.approx(want.mean, rel=1e-6)
+        assert got.var == pytest.approx(want.var, rel=1e-5)
+        np.testing.assert_allclose(got.checks, want.checks, rtol=1e-4, atol=1e-6)
+    assert len(taken) == 2
+    assert compiled[1] == 0, compiled  # (the first call may compile it)
+
+
 def _squeezed_heavy_tail(spread):
     """Log weights whose tail has a Pareto shape (k = 1) but whose largest lies
     ``spread`` nats above their mean: within a factor e^spread of it."""

@@ -16,7 +16,9 @@ its own compilation):
 * **fewer**: 100 draws (a narrower width of their own, 128: before wider widths were
   reused, a new chain program), and **more**: 3000 draws (several chunks: before the
   chunks' keys were made in the chain's program, a second chain program beside the
-  one-chunk one).
+  one-chunk one), then **more again**: 2500 draws, as many chunks as 3000 (the weight
+  summary and the draws' checks are taken over the joined chunks, padding masked out:
+  one program per chunk count, where before 2026-12-02 it was one per draw count).
 
 Each timing also counts the XLA compilations it ran (JAX's
 ``/jax/core/compile/backend_compile_duration`` event): 0 in a second call means the time
@@ -103,9 +105,11 @@ def _timed(fn):
     return time.perf_counter() - start, _compiles[0] - before
 
 
-def _time_calls(first_call, new_shape_call, repeats, fewer_call=None, more_call=None):
+def _time_calls(first_call, new_shape_call, repeats, fewer_call=None, more_call=None,
+                more_again_call=None):
     """Seconds and compilations: ``first_call`` once, again (median of ``repeats``),
-    then ``new_shape_call``, ``fewer_call`` and ``more_call`` once each (where given)."""
+    then ``new_shape_call``, ``fewer_call``, ``more_call`` and ``more_again_call`` once
+    each (where given)."""
     first, first_compiles = _timed(first_call)
     again = [_timed(first_call) for _ in range(repeats)]
     second = statistics.median(t for t, _ in again)
@@ -115,7 +119,8 @@ def _time_calls(first_call, new_shape_call, repeats, fewer_call=None, more_call=
         "first_compiles": first_compiles, "second_compiles": max(c for _, c in again),
         "new_shape_compiles": new_compiles,
     }
-    for name, call in (("fewer", fewer_call), ("more", more_call)):
+    for name, call in (("fewer", fewer_call), ("more", more_call),
+                       ("more_again", more_again_call)):
         if call is not None:
             out[f"{name}_s"], out[f"{name}_compiles"] = _timed(call)
     return out
@@ -139,6 +144,7 @@ def measure(name, args):
     model, model_args = entry.model, entry.args
     n, n_new = args.num_draws, args.new_num_draws
     n_few, n_more = args.fewer_num_draws, args.more_num_draws
+    n_again = args.more_again_num_draws
     guide = UHAGuide(model, K=args.K, warm_start_steps=args.warm_start_steps)
     params, _ = fit(model, guide, Trace_ELBO(), args.steps, args.learning_rate, 0, model_args)
     normal = AutoNormal(model)
@@ -174,9 +180,9 @@ def measure(name, args):
         return lambda: jitted(key, params)
 
     def counts(call, g, *first, new=(), few=(), more=()):
-        """The first call's and the three other counts' calls of ``call`` on ``g``."""
+        """The first call's and the four other counts' calls of ``call`` on ``g``."""
         return (call(g, *first, n), call(g, *new, n_new), args.repeats,
-                call(g, *few, n_few), call(g, *more, n_more))
+                call(g, *few, n_few), call(g, *more, n_more), call(g, *more, n_again))
 
     rows = {}
     g = _fresh(guide)
@@ -237,10 +243,11 @@ def measure(name, args):
         return lambda: Predictive(model, guide=normal, params=normal_params, num_samples=m)(key, *model_args)
 
     rows["AutoNormal sample_posterior"] = _time_calls(
-        normal_call(n), normal_call(n_new), args.repeats, normal_call(n_few), normal_call(n_more))
+        normal_call(n), normal_call(n_new), args.repeats, normal_call(n_few), normal_call(n_more),
+        normal_call(n_again))
     rows["Predictive (AutoNormal)"] = _time_calls(
         predictive_call(n), predictive_call(n_new), args.repeats, predictive_call(n_few),
-        predictive_call(n_more))
+        predictive_call(n_more), predictive_call(n_again))
     return {"latent_dim": int(guide.latent_dim), "rows": rows}
 
 
@@ -271,17 +278,18 @@ def measure_local(name, args):
     def normal_call(m):
         return lambda: normal.sample_posterior(key, normal_params, *model_args, sample_shape=(m,))
 
-    n_few, n_more = args.fewer_num_draws, args.more_num_draws
+    n_few, n_more, n_again = args.fewer_num_draws, args.more_num_draws, args.more_again_num_draws
     g = _fresh(guide)
     rows = {"UHALocalGuide sample_posterior": _time_calls(
         sample_posterior(g, n), sample_posterior(g, n_new), args.repeats,
-        sample_posterior(g, n_few), sample_posterior(g, n_more))}
+        sample_posterior(g, n_few), sample_posterior(g, n_more), sample_posterior(g, n_again))}
     g = _fresh(guide)
     rows["UHALocalGuide log_z"] = _time_calls(
         log_z_call(g, n), log_z_call(g, n_new), args.repeats, log_z_call(g, n_few),
-        log_z_call(g, n_more))
+        log_z_call(g, n_more), log_z_call(g, n_again))
     rows["AutoNormal sample_posterior"] = _time_calls(
-        normal_call(n), normal_call(n_new), args.repeats, normal_call(n_few), normal_call(n_more))
+        normal_call(n), normal_call(n_new), args.repeats, normal_call(n_few), normal_call(n_more),
+        normal_call(n_again))
     return {"latent_dim": f"{guide.latent_dim} per data point, B = {batch}", "rows": rows}
 
 
@@ -304,6 +312,8 @@ def main(argv=None):
                              "wider widths were reused)")
     parser.add_argument("--more-num-draws", type=int, default=3000,
                         help="a count of several chunks")
+    parser.add_argument("--more-again-num-draws", type=int, default=2500,
+                        help="after --more-num-draws: another count of as many chunks")
     parser.add_argument("--q-draws-per-draw", type=int, default=10,
                         help="log_z_bracket's num_q_draws per draw")
     parser.add_argument("--bracket-batch-size", type=int, default=4096)
@@ -314,7 +324,7 @@ def main(argv=None):
     if args.smoke:
         args.models, args.K, args.steps, args.warm_start_steps = ["gp_rbf"], 2, 5, 10
         args.num_draws, args.new_num_draws, args.q_draws_per_draw = 40, 30, 2
-        args.fewer_num_draws, args.more_num_draws = 5, 90
+        args.fewer_num_draws, args.more_num_draws, args.more_again_num_draws = 5, 90, 80
         args.bracket_batch_size, args.repeats = 64, 1
         args.local_models, args.local_K = ["t_scale_mixture"], 2
 
@@ -345,7 +355,9 @@ def main(argv=None):
         f"fewer: {args.fewer_num_draws} draws (a narrower width of their own: the chain program "
         "of a wider width already compiled runs them, up to 16 times wider); more: "
         f"{args.more_num_draws} draws (several chunks; sandwich: more forward draws, the same "
-        "posterior draws; log_z_bracket: not run, –). "
+        "posterior draws; log_z_bracket: not run, –); more again: then "
+        f"{args.more_again_num_draws} draws (as many chunks as {args.more_num_draws}: "
+        "the weight summary over the joined chunks compiles per chunk count). "
         "hais and sandwich with the guide's sample_batch_size. Seconds, wall clock; in brackets "
         "the XLA compilations the call ran (second: the most over the repeats). *Per-call jit*: "
         "the functional layer on guide.get_logdensity_fn, the guide-level path before this "
@@ -356,8 +368,8 @@ def main(argv=None):
         "draws and log Z of the first B data points (log Z given the globals' posterior "
         "means), d its local dimension.\n\n"
         "| model | d | function | first (s) | second (s) | first / second (target ≥ 10) | new shape (s) "
-        "| fewer (s) | more (s) |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+        "| fewer (s) | more (s) | more again (s) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     for name, result in [*results.items(), *local_results.items()]:
         for function, row in result["rows"].items():
@@ -365,7 +377,7 @@ def main(argv=None):
                 f"| {name} | {result['latent_dim']} | {function} | {row['first_s']:.3f} "
                 f"({row['first_compiles']}) | {row['second_s']:.4f} ({row['second_compiles']}) | "
                 f"{row['ratio']:.1f} | {row['new_shape_s']:.4f} ({row['new_shape_compiles']}) | "
-                f"{_cell(row, 'fewer')} | {_cell(row, 'more')} |\n"
+                f"{_cell(row, 'fewer')} | {_cell(row, 'more')} | {_cell(row, 'more_again')} |\n"
             )
     path = write_results(
         args.name, {"settings": vars(args), "results": results, "local": local_results}, table

@@ -663,6 +663,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         result = svi.run(rng_key, 5000, *model_args)
         draws = guide.sample_posterior(rng_key, result.params, *model_args,
                                        sample_shape=(1000,))
+        # posterior predictive at new inputs, as with any AutoGuide (y left out: the
+        # chains run on the data the guide was set up with)
+        predicted = Predictive(model, guide=guide, params=result.params,
+                               num_samples=1000)(rng_key, X_new)
 
     Args:
         model: a NumPyro model whose latent sites are all continuous.

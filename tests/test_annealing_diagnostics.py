@@ -143,3 +143,17 @@ def test_bad_input_is_named(exact_q):
         plot_annealing(d, ax=Figure().subplots(2, 2), losses=[1.0, 0.5])
     with pytest.raises(ValueError, match="losses must be a non-empty"):
         plot_annealing(d, losses=[])
+
+
+def test_a_poor_fit_warns_at_the_callers_line(exact_q):
+    """q five times too narrow: the weights' k̂ is bad, and the warning names
+    annealing_diagnostics and points at the line that called it."""
+    from numpyro_uha import UHAFitWarning
+
+    guide, params, _ = exact_q
+    narrow = dict(params, auto_scale_tril=params["auto_scale_tril"] * 0.2)
+    with pytest.warns(UHAFitWarning) as caught:
+        d = annealing_diagnostics(guide, jax.random.PRNGKey(4), narrow, cm.Y, num_draws=500)
+    ours = [w for w in caught if "annealing_diagnostics" in str(w.message)]
+    assert ours and all(w.filename == __file__ for w in ours)
+    assert d.khat >= 0.7

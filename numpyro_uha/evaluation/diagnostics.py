@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpyro_uha._weights import khat_verdict, psis_khat
+from numpyro_uha._keywords import check_model_keywords
+from numpyro_uha._weights import _warn_if_poor_fit, khat_verdict, psis_khat
 from numpyro_uha.evaluation.arviz import _check_positive_int
 
 __all__ = ["AnnealingDiagnostics", "annealing_diagnostics", "plot_annealing"]
@@ -77,8 +78,9 @@ def annealing_diagnostics(
     """Per-transition summaries of ``num_draws`` draws of a trained ``UHAGuide``.
 
     The draws are those of ``guide.sample_posterior_with_log_weights(rng_key, params,
-    *args, sample_shape=(num_draws,), **kwargs)`` (diverged ones dropped, with its
-    warning); ``*args`` and ``**kwargs`` are the model's arguments, as in training.
+    *args, sample_shape=(num_draws,), **kwargs)`` (diverged ones dropped, with a
+    warning); ``*args`` and ``**kwargs`` are the model's arguments, as in training. Warns
+    (:class:`~numpyro_uha.UHAFitWarning`) where the weights say the fit is poor.
 
     Raises:
         TypeError: for a guide other than ``UHAGuide``.
@@ -91,9 +93,9 @@ def annealing_diagnostics(
             f"annealing_diagnostics takes a trained UHAGuide, got {type(guide).__name__}."
         )
     num_draws = _check_positive_int("num_draws", num_draws, minimum=2)
-    draws = guide.sample_posterior_with_log_weights(
-        rng_key, params, *args, sample_shape=(num_draws,), **kwargs
-    )
+    check_model_keywords(guide._user_model, kwargs, annealing_diagnostics)
+    # the draws of sample_posterior_with_log_weights; the weights' warning named here
+    draws = guide._draws(rng_key, params, args, kwargs, (num_draws,))
     annealing = guide.get_annealing_params(params)
     info = draws.info
     log_weights = np.asarray(draws.log_weights, np.float64)
@@ -101,6 +103,7 @@ def annealing_diagnostics(
     log_accept = np.asarray(info.log_accept_ratio, np.float64)  # (num_draws, K)
     energy = np.abs(log_accept)
     energy_part = log_accept.sum(axis=1)
+    khat = _warn_if_poor_fit(log_weights, "annealing_diagnostics", stacklevel=3)
     shifted = np.exp(log_weights - log_weights.max())
     return AnnealingDiagnostics(
         betas=np.asarray(annealing.betas),
@@ -112,7 +115,7 @@ def annealing_diagnostics(
         energy_part=energy_part,
         log_weights=log_weights,
         elbo=float(log_weights.mean()),
-        khat=float(psis_khat(log_weights)),
+        khat=float(psis_khat(log_weights) if khat is None else khat),
         ess=float(shifted.sum() ** 2 / np.sum(shifted**2)),
         num_dropped=int(draws.num_dropped),
     )

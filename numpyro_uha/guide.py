@@ -2303,9 +2303,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         """Whether the model at ``args``, ``kwargs`` observes none of the sites observed
         at setup while its latent sites are the setup's; raises where they are not the
         setup's shapes (see :meth:`_chain_arguments`)."""
-        observed = [
+        observed = [  # the data (numpyro.factor's terms are observed sites, not data)
             name for name, site in self.prototype_trace.items()
             if site["type"] == "sample" and site["is_observed"]
+            and not isinstance(site["fn"], dist.distribution.Unit)
         ]
         if not observed:
             return False
@@ -2325,8 +2326,25 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             name: site for name, site in model_trace.items()
             if site["type"] == "sample" and not site["is_observed"] and name not in observed
         }
-        if set(latent) != set(self._init_locs) | set(self._discrete):
-            return False
+        # obs_mask at setup: its entries left out were the latent "<y>_unobserved" beside
+        # the observed "<y>_observed"; without the data "<y>" is all predicted
+        imputed = {
+            f"{name[:-len('_observed')]}_unobserved" for name in observed
+            if name.endswith("_observed")
+        }
+        predicted = {name[:-len("_unobserved")] for name in imputed}
+        setup = set(self._init_locs) | set(self._discrete)
+        if set(latent) - predicted != setup - imputed:
+            raise ValueError(
+                "UHAGuide: called without the observed data "
+                f"({[self._model_site(n) for n in observed]}), the guide draws from the "
+                "posterior of the data it was set up with, but this call's latent sites "
+                f"are not the setup's: {sorted(set(latent) - predicted - setup)} are "
+                f"new, {sorted(setup - imputed - set(latent))} are gone. Draw with "
+                "guide.sample_posterior(key, params, *training_data) and pass the draws "
+                "of the sites you need to Predictive(model, posterior_samples=...)."
+            )
+        latent = {name: site for name, site in latent.items() if name in setup}
         changed = [  # the discrete sites too: drawn per data point, e.g. a mixture's
             (self._model_site(name), tuple(jnp.shape(self.prototype_trace[name]["value"])),
              tuple(jnp.shape(site["value"])))

@@ -900,3 +900,35 @@ def test_predictive_without_data_names_a_latent_sized_by_the_data():
     assert withheld["y"].shape == (4, 3)
     with pytest.raises(ValueError, match=r"'z' \(5,\) instead of \(3,\)"):
         predictive(jax.random.PRNGKey(1), None, 5)
+
+
+def _sized_masked(y=None, seen=None, n=3):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0] if y is not None else n):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y, obs_mask=seen)
+
+
+def _with_a_factor(y=None, n=3):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    numpyro.factor("shrink", -0.5 * mu**2)  # an observed site, but not data
+    with numpyro.plate("data", y.shape[0] if y is not None else n):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("model, data", [
+    pytest.param(_sized_masked, (Y, jnp.array([True, False, True])), id="obs_mask"),
+    pytest.param(_with_a_factor, (Y,), id="factor"),
+])
+def test_predictive_without_data_with_a_mask_or_a_factor(model, data):
+    """Without the data, an obs_mask model's y (its entries left out were the latent
+    y_unobserved) is all predicted, and a numpyro.factor term (an observed site) is not
+    data the call kept: both draw mu from the setup's posterior."""
+    guide = UHAGuide(model, K=2, warm_start_steps=0)
+    svi = svi_for(model, guide)
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), *data))
+    predictive = Predictive(model, guide=guide, params=params, num_samples=4,
+                            return_sites=["mu", "y"])
+    given = predictive(jax.random.PRNGKey(1), *data)
+    predicted = predictive(jax.random.PRNGKey(1), n=5)
+    np.testing.assert_array_equal(predicted["mu"], given["mu"])
+    assert predicted["y"].shape == (4, 5) and np.all(np.isfinite(predicted["y"]))

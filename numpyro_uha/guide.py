@@ -1938,6 +1938,18 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 "these arguments."
             )
         prototype = self.prototype_trace or {}
+        factors_gone = [
+            self._model_site(name) for name, site in prototype.items()
+            if site["type"] == "sample" and site["is_observed"]
+            and isinstance(site["fn"], dist.distribution.Unit) and name not in model_trace
+        ]
+        if factors_gone:
+            raise ValueError(
+                f"UHAGuide: numpyro.factor site(s) {factors_gone} were in the model when the "
+                "guide was set up but are not in this call: its chains would target another "
+                "density (a likelihood written as a factor left out: the prior). Call the "
+                "guide with the arguments it was trained with."
+            )
         changed = [
             (name, tuple(jnp.shape(prototype[name]["value"])), tuple(jnp.shape(site["value"])))
             for name, site in model_trace.items()
@@ -2303,12 +2315,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         """Whether the model at ``args``, ``kwargs`` observes none of the sites observed
         at setup while its latent sites are the setup's; raises where they are not the
         setup's shapes (see :meth:`_chain_arguments`)."""
-        observed = [  # the data (numpyro.factor's terms are observed sites, not data)
-            name for name, site in self.prototype_trace.items()
-            if site["type"] == "sample" and site["is_observed"]
-            and not isinstance(site["fn"], dist.distribution.Unit)
-        ]
-        if not observed:
+        observed, factors = [], []  # the data; numpyro.factor's terms (observed sites)
+        for name, site in self.prototype_trace.items():
+            if site["type"] == "sample" and site["is_observed"]:
+                is_factor = isinstance(site["fn"], dist.distribution.Unit)
+                (factors if is_factor else observed).append(name)
+        if not observed and not factors:
             return False
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -2321,6 +2333,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             and model_trace[name]["is_observed"]
             for name in observed
         ):
+            return False
+        # every observed site is withheld; a factor the call keeps may be a prior's term,
+        # one it leaves out was a likelihood's
+        observed = observed + [name for name in factors if name not in model_trace]
+        if not observed:
             return False
         latent = {
             name: site for name, site in model_trace.items()

@@ -932,3 +932,27 @@ def test_predictive_without_data_with_a_mask_or_a_factor(model, data):
     predicted = predictive(jax.random.PRNGKey(1), n=5)
     np.testing.assert_array_equal(predicted["mu"], given["mu"])
     assert predicted["y"].shape == (4, 5) and np.all(np.isfinite(predicted["y"]))
+
+
+def _factor_likelihood(y=None, n=3):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    if y is not None:  # a likelihood written as a factor
+        numpyro.factor("log_lik", dist.Normal(mu, 1.0).log_prob(y).sum())
+    numpyro.deterministic("mean", mu * jnp.ones(n if y is None else y.shape[0]))
+
+
+def test_a_likelihood_written_as_a_factor_is_the_data():
+    """A numpyro.factor likelihood left out: Predictive draws mu from the setup's
+    posterior (as where y= is left out), and sample_posterior, whose chains would
+    otherwise target the prior, names the factor."""
+    guide = UHAGuide(_factor_likelihood, K=2, warm_start_steps=0)
+    svi = svi_for(_factor_likelihood, guide)
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y * 10.0))
+    predictive = Predictive(_factor_likelihood, guide=guide, params=params, num_samples=4,
+                            return_sites=["mu", "mean"])
+    given = predictive(jax.random.PRNGKey(1), Y * 10.0)
+    predicted = predictive(jax.random.PRNGKey(1), n=5)
+    np.testing.assert_array_equal(predicted["mu"], given["mu"])
+    assert predicted["mean"].shape == (4, 5)
+    with pytest.raises(ValueError, match=r"factor site\(s\) \['log_lik'\] were in the model"):
+        guide.sample_posterior(jax.random.PRNGKey(1), params, None, 5, sample_shape=(4,))

@@ -2328,10 +2328,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 model_trace = self._trace_at_init(self.model, args, kwargs)
             except Exception:  # the call's own path raises the model's error
                 return False
-        if any(
-            name in model_trace and model_trace[name]["type"] == "sample"
-            and model_trace[name]["is_observed"]
-            for name in observed
+        if any(  # the call observes data (under any name: obs_mask dropped, say)
+            site["type"] == "sample" and site["is_observed"]
+            and not isinstance(site["fn"], dist.distribution.Unit)
+            for site in model_trace.values()
         ):
             return False
         # every observed site is withheld; a factor the call keeps may be a prior's term,

@@ -2778,7 +2778,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 # the padding kept for the weight summary (one program per padded size,
                 # not per num_draws)
                 padded = _join(chunks)
-                out = jax.tree.map(lambda x: x[:num_draws], padded)
+                out = _first(padded, num_draws)
         else:
             # Traced (under an outer jit or vmap): one program, batched in one scan.
             keys = jax.random.split(rng_key, num_draws)
@@ -4045,6 +4045,13 @@ def _key_chunk(keys, start, width):
 
 
 @partial(jax.jit, static_argnums=1)
+@partial(jax.jit, static_argnums=1)
+def _first(tree, num_draws):
+    """The first ``num_draws`` of every leaf: one program per count (an eager slice
+    compiled one per leaf shape)."""
+    return jax.tree.map(lambda x: x[:num_draws], tree)
+
+
 def _join(chunks, num_draws=None):
     """The chunks' draws end to end: the first ``num_draws`` (one program per chunk
     count and ``num_draws``), or all of them, the last chunk's padding included."""

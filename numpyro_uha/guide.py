@@ -4045,16 +4045,17 @@ def _key_chunk(keys, start, width):
 
 
 @partial(jax.jit, static_argnums=1)
-@partial(jax.jit, static_argnums=1)
 def _first(tree, num_draws):
     """The first ``num_draws`` of every leaf: one program per count (an eager slice
     compiled one per leaf shape)."""
     return jax.tree.map(lambda x: x[:num_draws], tree)
 
 
+@partial(jax.jit, static_argnums=1)
 def _join(chunks, num_draws=None):
     """The chunks' draws end to end: the first ``num_draws`` (one program per chunk
-    count and ``num_draws``), or all of them, the last chunk's padding included."""
+    count and ``num_draws``), or all of them, the last chunk's padding included (one
+    program per chunk count)."""
     if num_draws is None:
         return jax.tree.map(lambda *xs: jnp.concatenate(xs), *chunks)
     return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:num_draws], *chunks)

@@ -288,6 +288,13 @@ class WeightedDraws(NamedTuple):
     num_dropped: int = 0
 
 
+#: What a Predictive call the guide cannot serve without the data can do instead.
+_PREDICT_FROM_DRAWS = (
+    "Draw with guide.sample_posterior(key, params, *training_data) and pass the draws of "
+    "the sites you need to Predictive(model, posterior_samples=...)."
+)
+
+
 #: The array leaves of model arguments (traced by the guide's programs unless held).
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
@@ -1703,7 +1710,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         ]
         observed = [  # data, not numpyro.factor terms (observed Unit sites)
             n for n in bad
-            if model_trace[n].get("is_observed") and not isinstance(model_trace[n]["fn"], dist.Unit)
+            if model_trace[n].get("is_observed") and not _is_factor(model_trace[n])
         ]
         bound = (
             " Only observed sites are: if the data rule out part of a latent site's "
@@ -1941,7 +1948,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         factors_gone = [
             self._model_site(name) for name, site in prototype.items()
             if site["type"] == "sample" and site["is_observed"]
-            and isinstance(site["fn"], dist.distribution.Unit) and name not in model_trace
+            and _is_factor(site) and name not in model_trace
         ]
         if factors_gone:
             raise ValueError(
@@ -2318,8 +2325,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         observed, factors = [], []  # the data; numpyro.factor's terms (observed sites)
         for name, site in self.prototype_trace.items():
             if site["type"] == "sample" and site["is_observed"]:
-                is_factor = isinstance(site["fn"], dist.distribution.Unit)
-                (factors if is_factor else observed).append(name)
+                (factors if _is_factor(site) else observed).append(name)
         if not observed and not factors:
             return False
         with warnings.catch_warnings():
@@ -2329,8 +2335,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             except Exception:  # the call's own path raises the model's error
                 return False
         if any(  # the call observes data (under any name: obs_mask dropped, say)
-            site["type"] == "sample" and site["is_observed"]
-            and not isinstance(site["fn"], dist.distribution.Unit)
+            site["type"] == "sample" and site["is_observed"] and not _is_factor(site)
             for site in model_trace.values()
         ):
             return False
@@ -2357,9 +2362,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 f"({[self._model_site(n) for n in observed]}), the guide draws from the "
                 "posterior of the data it was set up with, but this call's latent sites "
                 f"are not the setup's: {sorted(set(latent) - predicted - setup)} are "
-                f"new, {sorted(setup - imputed - set(latent))} are gone. Draw with "
-                "guide.sample_posterior(key, params, *training_data) and pass the draws "
-                "of the sites you need to Predictive(model, posterior_samples=...)."
+                f"new, {sorted(setup - imputed - set(latent))} are gone. "
+                + _PREDICT_FROM_DRAWS
             )
         latent = {name: site for name, site in latent.items() if name in setup}
         changed = [  # the discrete sites too: drawn per data point, e.g. a mixture's
@@ -2378,9 +2382,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 + ", ".join(f"'{n}' {b} instead of {a}" for n, a, b in changed)
                 + ". Latent values sized by the data (one per data point) have no "
                 "posterior at new data points from this guide; predict at inputs that "
-                "keep every latent site's shape, or draw with "
-                "guide.sample_posterior(key, params, *training_data) and pass the draws "
-                "of the sites you need to Predictive(model, posterior_samples=...)."
+                "keep every latent site's shape. " + _PREDICT_FROM_DRAWS
             )
         return True
 
@@ -4042,6 +4044,16 @@ def _draw_keys(rng_key, num_draws, total):
 @partial(jax.jit, static_argnums=2)
 def _key_chunk(keys, start, width):
     return jax.lax.dynamic_slice_in_dim(keys, start, width)
+
+
+def _is_factor(site) -> bool:
+    """A ``numpyro.factor`` term: an observed ``Unit`` site (masked or expanded by a
+    plate too), not data."""
+    fn = site["fn"]
+    while isinstance(fn, (dist.MaskedDistribution, dist.ExpandedDistribution,
+                          dist.Independent)):
+        fn = fn.base_dist
+    return isinstance(fn, dist.Unit)
 
 
 @partial(jax.jit, static_argnums=1)

@@ -915,9 +915,20 @@ def _with_a_factor(y=None, n=3):
         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
 
 
+def _with_a_factor_in_a_plate(y=None, n=3):
+    """``_with_a_factor`` with its scalar factor inside a plate (an ExpandedDistribution
+    of Unit)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("one", 1):
+        numpyro.factor("shrink", -0.5 * mu**2)
+    with numpyro.plate("data", y.shape[0] if y is not None else n):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
 @pytest.mark.parametrize("model, data", [
     pytest.param(_sized_masked, (Y, jnp.array([True, False, True])), id="obs_mask"),
     pytest.param(_with_a_factor, (Y,), id="factor"),
+    pytest.param(_with_a_factor_in_a_plate, (Y,), id="factor in a plate"),
 ])
 def test_predictive_without_data_with_a_mask_or_a_factor(model, data):
     """Without the data, an obs_mask model's y (its entries left out were the latent
@@ -941,14 +952,24 @@ def _factor_likelihood(y=None, n=3):
     numpyro.deterministic("mean", mu * jnp.ones(n if y is None else y.shape[0]))
 
 
-def test_a_likelihood_written_as_a_factor_is_the_data():
+def _factor_likelihood_in_a_plate(y=None, n=3):
+    """``_factor_likelihood`` with its scalar factor inside a plate."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    if y is not None:
+        with numpyro.plate("one", 1):
+            numpyro.factor("log_lik", dist.Normal(mu, 1.0).log_prob(y).sum())
+    numpyro.deterministic("mean", mu * jnp.ones(n if y is None else y.shape[0]))
+
+
+@pytest.mark.parametrize("model", [_factor_likelihood, _factor_likelihood_in_a_plate])
+def test_a_likelihood_written_as_a_factor_is_the_data(model):
     """A numpyro.factor likelihood left out: Predictive draws mu from the setup's
     posterior (as where y= is left out), and sample_posterior, whose chains would
     otherwise target the prior, names the factor."""
-    guide = UHAGuide(_factor_likelihood, K=2, warm_start_steps=0)
-    svi = svi_for(_factor_likelihood, guide)
+    guide = UHAGuide(model, K=2, warm_start_steps=0)
+    svi = svi_for(model, guide)
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), Y * 10.0))
-    predictive = Predictive(_factor_likelihood, guide=guide, params=params, num_samples=4,
+    predictive = Predictive(model, guide=guide, params=params, num_samples=4,
                             return_sites=["mu", "mean"])
     given = predictive(jax.random.PRNGKey(1), Y * 10.0)
     predicted = predictive(jax.random.PRNGKey(1), n=5)

@@ -26,7 +26,7 @@ from numpyro_uha._weights import (  # noqa: F401 -- the public ones re-exported
     khat_verdict,
     psis_khat,
 )
-from numpyro_uha.guide import CPU_BATCH_PER_DEVICE
+from numpyro_uha.guide import CPU_BATCH_PER_DEVICE, _is_factor
 
 __all__ = [
     "ELBO_SE_BAD",
@@ -493,17 +493,6 @@ def _deterministic_sites(model, params, samples, names, args, kwargs):
             return_sites=list(names), batch_ndims=1,
         )(jax.random.PRNGKey(0), *args, **kwargs)
     return {name: values[name] for name in names}
-
-
-def _is_factor(site) -> bool:
-    """A ``numpyro.factor`` term: an observed ``Unit`` site, nothing to replicate."""
-    import numpyro.distributions as dist
-
-    fn = site["fn"]
-    while isinstance(fn, (dist.MaskedDistribution, dist.ExpandedDistribution,
-                          dist.Independent)):
-        fn = fn.base_dist
-    return isinstance(fn, dist.Unit)
 
 
 class _Unobserved(Messenger):

@@ -27,6 +27,7 @@ import numpy as np
 from numpyro_uha._keywords import check_model_keywords
 from numpyro_uha._weights import _warn_if_poor_fit, khat_verdict, psis_khat
 from numpyro_uha.evaluation.arviz import _check_positive_int
+from numpyro_uha.evaluation.logz import log_z_from_weights
 
 __all__ = ["AnnealingDiagnostics", "annealing_diagnostics", "plot_annealing"]
 
@@ -104,7 +105,7 @@ def annealing_diagnostics(
     energy = np.abs(log_accept)
     energy_part = log_accept.sum(axis=1)
     khat = _warn_if_poor_fit(log_weights, "annealing_diagnostics", stacklevel=3)
-    shifted = np.exp(log_weights - log_weights.max())
+    estimate = log_z_from_weights(log_weights)
     return AnnealingDiagnostics(
         betas=np.asarray(annealing.betas),
         step_sizes=np.asarray(annealing.step_sizes),
@@ -114,9 +115,9 @@ def annealing_diagnostics(
         annealing_part=log_weights - energy_part,
         energy_part=energy_part,
         log_weights=log_weights,
-        elbo=float(log_weights.mean()),
+        elbo=estimate.elbo,
         khat=float(psis_khat(log_weights) if khat is None else khat),
-        ess=float(shifted.sum() ** 2 / np.sum(shifted**2)),
+        ess=estimate.ess,
         num_dropped=int(draws.num_dropped),
     )
 

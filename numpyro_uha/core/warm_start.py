@@ -101,6 +101,7 @@ __all__ = [
     "laplace_close",
     "loss_decrease",
     "max_curvature",
+    "newton_polish",
     "oracle_log_weights",
     "precompile",
     "rows_oracle",
@@ -894,6 +895,102 @@ def _mode_result(state, init, scale):
     return init + scale * state.u, -state.value
 
 
+# ------------------------------------------------------------------- Newton polish
+#: The largest dimension whose mode, where the loops run in Python, is polished by Newton
+#: steps on the whole Hessian after the L-BFGS search (:func:`newton_polish`): the
+#: Hessian costs the d Hessian-vector products the diagonal scales take anyway, and its
+#: eigendecomposition little next to them up to here.
+NEWTON_MAX_DIM = 256
+
+#: At most this many Newton steps.
+NEWTON_STEPS = 25
+
+#: The polish stops where Newton's decrement, ½ gᵀ|H|⁻¹g (the gain in nats a step would
+#: make on a quadratic), is below this.
+NEWTON_DECREMENT = 1e-2
+
+#: Eigenvalues of the standardized curvature are taken at least this fraction of the
+#: largest (in magnitude): a step along a direction flatter than that is bounded.
+NEWTON_FLOOR = 1e-8
+
+
+@small_jit()
+def _newton_begin(values, grads):
+    return values[0], grads[0]
+
+
+@small_jit(static_argnums=(3,))
+def _newton_points(hessian, grad, z, rows):
+    """The saddle-free Newton step from ``z`` (|H|⁻¹ g, H's eigenvalues by magnitude,
+    in coordinates standardized by H's diagonal) and the line search's points z + 2⁻ʳ
+    step, r < ``rows``; with Newton's decrement ½ gᵀ|H|⁻¹g (0 where not finite)."""
+    diag = jnp.abs(jnp.diagonal(hessian))
+    ok = jnp.isfinite(diag) & (diag > 0)
+    d = jnp.where(ok, jnp.sqrt(jnp.where(ok, diag, 1.0)), 1.0)
+    standardized = hessian / d[:, None] / d[None, :]
+    w, u = jnp.linalg.eigh(0.5 * (standardized + standardized.T))
+    w = jnp.abs(w)
+    w = jnp.maximum(w, NEWTON_FLOOR * jnp.max(w))
+    projected = u.T @ (grad / d)
+    coef = projected / jnp.where(w > 0, w, 1.0)
+    step = (u @ coef) / d
+    decrement = 0.5 * jnp.vdot(projected, coef)
+    finite = jnp.isfinite(decrement) & jnp.all(jnp.isfinite(step))
+    lengths = 2.0 ** -jnp.arange(rows, dtype=z.dtype)
+    points = z + lengths[:, None] * jnp.where(finite, step, 0.0)
+    return points, jnp.where(finite, decrement, 0.0)
+
+
+@small_jit()
+def _newton_pick(zs, values, grads, z, value, grad):
+    """The line search's best point where it raises log p̄, else ``z``."""
+    fine = jnp.isfinite(values) & jnp.all(jnp.isfinite(grads), axis=-1)
+    values = jnp.where(fine, values, -jnp.inf)
+    i = jnp.argmax(values)
+    better = values[i] > value
+    return (
+        jnp.where(better, zs[i], z), jnp.where(better, values[i], value),
+        jnp.where(better, grads[i], grad), better,
+    )
+
+
+def newton_polish(
+    z: jax.Array, hessian: jax.Array, *, oracle: RowsOracle, rows: int,
+    num_steps: int = NEWTON_STEPS, rehearse: bool = False,
+) -> tuple[jax.Array, jax.Array, bool]:
+    """Newton steps on log p̄ from ``z`` (``hessian`` ∇² log p̄ there), each with a line
+    search of ``rows`` step lengths, while Newton's decrement is at least
+    :data:`NEWTON_DECREMENT` nats and a step raises log p̄; loops in Python (a compiled
+    oracle, concrete inputs).
+
+    L-BFGS in coordinates standardized by the curvature's diagonal stalls where the
+    posterior's correlations are near ±1 (a regression on raw, uncentered and collinear
+    columns: a condition number of 10⁷ to 10⁸ after standardization, 200 iterations
+    ending 400 to 1 300 nats below the mode); Newton's steps on the whole Hessian
+    reach the mode in about ten. Returns the point, the Hessian there, and whether it
+    moved. ``rehearse``: one step whatever the decrement (:func:`precompile`).
+    """
+    oracle, host = resolve_oracle(None, oracle, z, hessian)
+    if host is False:
+        raise ValueError("newton_polish runs its loop in Python: pass a compiled oracle.")
+    values, grads = oracle.value_and_grad(_rows_of(z, rows, host=host))
+    value, grad = _newton_begin(values, grads, host=host)
+    moved = False
+    for _ in range(num_steps):
+        zs, decrement = _newton_points(hessian, grad, z, rows, host=host)
+        if not rehearse and not bool(decrement >= NEWTON_DECREMENT):
+            break
+        values, grads = oracle.value_and_grad(zs)
+        z, value, grad, better = _newton_pick(zs, values, grads, z, value, grad, host=host)
+        if not bool(better):
+            break
+        hessian = hessian_matrix(None, z, oracle=oracle)
+        moved = True
+        if rehearse:
+            break
+    return z, hessian, moved
+
+
 # ---------------------------------------------------------------------------- VI
 def _adam(learning_rate, num_steps):
     return optax.adam(optax.cosine_decay_schedule(learning_rate, num_steps, alpha=0.01))
@@ -1065,6 +1162,18 @@ def _pick(fits, starts, scales, full_rank, tail):
 LAPLACE_TOLERANCE = 0.02
 
 
+@small_jit()
+def _higher_elbo(weights, other):
+    """Whether the mean of ``weights`` (an ELBO estimate; not finite counts as −∞) is
+    above that of ``other``."""
+
+    def elbo(w):
+        mean = jnp.mean(w)
+        return jnp.where(jnp.isfinite(mean), mean, -jnp.inf)
+
+    return elbo(weights) > elbo(other)
+
+
 @small_jit(static_argnums=(3,))
 def _laplace_q(starts, scales, unit_scales, full_rank):
     """The Laplace start (the last) as a q in the model's coordinates."""
@@ -1169,22 +1278,47 @@ def warm_start(
         scale = curvature_scale(None, mode, scale0, oracle=oracle)
         mode, _ = find_mode(None, mode, scale, mode_steps, oracle=oracle, rows=rows)
     laplace_full = full_rank and dim <= MAX_CURVATURE_DIM
-    if laplace_full:
-        # the same Hessian-vector products give the diagonal scales and the whole matrix
-        hessian = hessian_matrix(None, mode, oracle=oracle)
-        scale1 = _curvature_finish(_diagonal(hessian, host=host), scale0, host=host)
-    else:
-        scale1 = curvature_scale(None, mode, scale0, oracle=oracle)
-    starts, scales, unit_scales = _starts(init_loc, mode, scale0, scale1, fallback, host=host)
-    if laplace_full:
-        unit_scales = _laplace_units(unit_scales, hessian, scale1, host=host)
+    polish = host is not False and dim <= NEWTON_MAX_DIM
+
+    def laplace_starts(mode, hessian):
+        if hessian is not None:
+            # the same Hessian-vector products give the diagonal scales and the whole matrix
+            scale1 = _curvature_finish(_diagonal(hessian, host=host), scale0, host=host)
+        else:
+            scale1 = curvature_scale(None, mode, scale0, oracle=oracle)
+        starts, scales, unit_scales = _starts(init_loc, mode, scale0, scale1, fallback, host=host)
+        if laplace_full:
+            unit_scales = _laplace_units(unit_scales, hessian, scale1, host=host)
+        return starts, scales, unit_scales
+
+    def laplace_weights(laplace):
+        lap_loc, lap_scale = _laplace_q(*laplace, full_rank, host=host)
+        return oracle_log_weights(oracle, score_key, lap_loc, lap_scale, num_score_draws, rows)
+
+    hessian = hessian_matrix(None, mode, oracle=oracle) if laplace_full or polish else None
+    laplace = laplace_starts(mode, hessian)
+    lap_weights = None
+    if polish:
+        # Newton steps where L-BFGS stalled (correlations near ±1); the polished mode is
+        # kept where its Laplace approximation's ELBO is the higher (a hierarchical
+        # model's density grows without bound into a spike that Newton would follow)
+        rehearse = vi_iterations is not None
+        polished, polished_hessian, moved = newton_polish(
+            mode, hessian, oracle=oracle, rows=rows, rehearse=rehearse
+        )
+        if moved or rehearse:
+            polished_laplace = laplace_starts(polished, polished_hessian)
+            lap_weights = laplace_weights(laplace)
+            polished_weights = laplace_weights(polished_laplace)
+            if bool(_higher_elbo(polished_weights, lap_weights, host=host)):
+                laplace, lap_weights = polished_laplace, polished_weights
+    starts, scales, unit_scales = laplace
 
     if host is not False and laplace_tolerance is not None:
         # the Laplace approximation scored first: VI cannot gain more than its KL
+        if lap_weights is None:
+            lap_weights = laplace_weights(laplace)
         lap_loc, lap_scale = _laplace_q(starts, scales, unit_scales, full_rank, host=host)
-        lap_weights = oracle_log_weights(
-            oracle, score_key, lap_loc, lap_scale, num_score_draws, rows
-        )
         if vi_iterations is None and laplace_close(lap_weights, laplace_tolerance):
             return WarmStart(
                 lap_loc, lap_scale, np.zeros((0,), init_loc.dtype), np.int32(2),

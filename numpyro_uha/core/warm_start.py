@@ -924,11 +924,6 @@ NEWTON_DECREMENT = 1e-2
 NEWTON_FLOOR = 1e-8
 
 
-@small_jit()
-def _newton_begin(values, grads):
-    return values[0], grads[0]
-
-
 @small_jit(static_argnums=(3,))
 def _newton_points(hessian, grad, z, rows):
     """The saddle-free Newton step from ``z`` (|H|⁻¹ g, H's eigenvalues by magnitude,
@@ -977,14 +972,15 @@ def newton_polish(
     posterior's correlations are near ±1 (a regression on raw, uncentered and collinear
     columns: a condition number of 10⁷ to 10⁸ after standardization; on a 26-coordinate
     one the warm start's q ended centred 400 to 1 300 nats below the mode); Newton's
-    steps on the whole Hessian reach the mode in about ten. Returns the point, the Hessian there, and whether it
-    moved. ``rehearse``: one step whatever the decrement (:func:`precompile`).
+    steps on the whole Hessian reach the mode in about ten. Returns the point, the
+    Hessian there, and whether it moved. ``rehearse``: one step whatever the decrement
+    (:func:`precompile`).
     """
     oracle, host = resolve_oracle(None, oracle, z, hessian)
     if host is False:
         raise ValueError("newton_polish runs its loop in Python: pass a compiled oracle.")
     values, grads = oracle.value_and_grad(_rows_of(z, rows, host=host))
-    value, grad = _newton_begin(values, grads, host=host)
+    value, grad = _take((values, grads), np.int32(0), host=host)  # the first row: z
     moved = False
     for _ in range(num_steps):
         zs, decrement = _newton_points(hessian, grad, z, rows, host=host)
@@ -1322,8 +1318,9 @@ def warm_start(
     lap_weights = None
     if polish:
         # Newton steps where L-BFGS stalled (correlations near ±1); the polished mode is
-        # kept where its Laplace approximation's ELBO is the higher (a hierarchical
-        # model's density grows without bound into a spike that Newton would follow)
+        # kept where its Laplace approximation's ELBO is the higher and no curvature
+        # scale collapsed (a hierarchical model's density grows without bound into a
+        # spike that Newton would follow)
         rehearse = vi_iterations is not None
         polished, polished_hessian, moved = newton_polish(
             mode, hessian, oracle=oracle, rows=rows, rehearse=rehearse
@@ -1332,8 +1329,10 @@ def warm_start(
             polished_laplace = laplace_starts(polished, polished_hessian)
             lap_weights = laplace_weights(laplace)
             polished_weights = laplace_weights(polished_laplace)
-            if bool(_keep_polished(
-                polished_weights, lap_weights, polished_laplace[1][-1], laplace[1][-1],
+            _, polished_scales, _ = polished_laplace
+            _, unpolished_scales, _ = laplace
+            if bool(_keep_polished(  # the Laplace starts' curvature scales (the last)
+                polished_weights, lap_weights, polished_scales[-1], unpolished_scales[-1],
                 host=host,
             )):
                 laplace, lap_weights = polished_laplace, polished_weights

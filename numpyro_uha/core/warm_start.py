@@ -31,8 +31,11 @@ posterior's scales, then runs the same VI in coordinates where every scale is ab
    while steps on the whole Hessian (its eigenvalues by magnitude, the same d
    Hessian-vector products the diagonal scales take) reach the mode in about ten. The
    polished mode is kept where its Laplace approximation scores a higher ELBO than the
-   unpolished one's and no curvature scale shrank tenfold (a centred hierarchical
-   model's density grows without bound into a spike, which Newton steps would follow).
+   unpolished one's, and either the steps converged (Newton's decrement below
+   ``NEWTON_DECREMENT``) or no curvature scale shrank tenfold: a centred hierarchical
+   model's density grows without bound into a spike, which Newton steps would follow
+   and never converge in, while a mode search that stalled far out (a noise scale 10⁴
+   times too large) has scales that rightly shrink at the mode.
 2. **A Laplace approximation** at that mode: N(mode, diag(s²)) with the curvature
    scales at the mode; for a full-rank q, N(mode, H⁻¹) with the whole Hessian (d
    Hessian-vector products on unit vectors: the columns the diagonal was read from),
@@ -912,8 +915,11 @@ def _mode_result(state, init, scale):
 #: eigendecomposition little next to them up to here.
 NEWTON_MAX_DIM = 256
 
-#: At most this many Newton steps.
-NEWTON_STEPS = 25
+#: At most this many Newton steps. Far from the mode the steps are damped (the line
+#: search takes a fraction of each): on a diamonds-like regression (26 coordinates, raw
+#: collinear columns, a noise scale started 10⁴ times too large) the polish climbed from
+#: 18 000 nats below the mode and needed 64 steps, each about a tenth of a second.
+NEWTON_STEPS = 100
 
 #: The polish stops where Newton's decrement, ½ gᵀ|H|⁻¹g (the gain in nats a step would
 #: make on a quadratic), is below this.
@@ -924,11 +930,23 @@ NEWTON_DECREMENT = 1e-2
 NEWTON_FLOOR = 1e-8
 
 
+#: The damped half of the Newton line search (:func:`_newton_points`): steps of length
+#: at most r for r log-spaced over this range (in the unconstrained coordinates' units).
+NEWTON_RADII = (1e-4, 1e4)
+
+
 @small_jit(static_argnums=(3,))
 def _newton_points(hessian, grad, z, rows):
     """The saddle-free Newton step from ``z`` (|H|⁻¹ g, H's eigenvalues by magnitude,
-    in coordinates standardized by H's diagonal) and the line search's points z + 2⁻ʳ
-    step, r < ``rows``; with Newton's decrement ½ gᵀ|H|⁻¹g (0 where not finite)."""
+    in coordinates standardized by H's diagonal) and ``rows`` points to try: z + 2⁻ʳ
+    step for the first half (r = 0, 1, …), and for the second z + (|H| + μ I)⁻¹ g with
+    μ = ‖g‖ / r, a step of length at most r, for radii r log-spaced over
+    :data:`NEWTON_RADII` (a trust region's path, from a gradient step to Newton's).
+    The second half is for points where the curvature says nothing: a mode search that
+    ended with a noise scale 10¹⁷ times too large sits where the likelihood's gradient
+    and curvature have vanished but its log density still climbs (linearly) back, and
+    every shortening of Newton's step overshoots. With Newton's decrement ½ gᵀ|H|⁻¹g
+    (NaN where not finite: the polish stops there, not converged)."""
     diag = jnp.abs(jnp.diagonal(hessian))
     ok = jnp.isfinite(diag) & (diag > 0)
     d = jnp.where(ok, jnp.sqrt(jnp.where(ok, diag, 1.0)), 1.0)
@@ -941,9 +959,18 @@ def _newton_points(hessian, grad, z, rows):
     step = (u @ coef) / d
     decrement = 0.5 * jnp.vdot(projected, coef)
     finite = jnp.isfinite(decrement) & jnp.all(jnp.isfinite(step))
-    lengths = 2.0 ** -jnp.arange(rows, dtype=z.dtype)
-    points = z + lengths[:, None] * jnp.where(finite, step, 0.0)
-    return points, jnp.where(finite, decrement, 0.0)
+    halvings, damped = rows - rows // 2, rows // 2
+    lengths = 2.0 ** -jnp.arange(halvings, dtype=z.dtype)
+    # the trust region's path, in the model's own coordinates
+    w0, u0 = jnp.linalg.eigh(0.5 * (hessian + hessian.T))
+    radii = jnp.logspace(*np.log10(NEWTON_RADII), damped, dtype=z.dtype)
+    mus = jnp.linalg.norm(grad) / radii
+    damped_steps = ((u0.T @ grad) / (jnp.abs(w0) + mus[:, None])) @ u0.T
+    steps = jnp.concatenate([
+        lengths[:, None] * jnp.where(finite, step, 0.0),
+        jnp.where(jnp.all(jnp.isfinite(damped_steps), axis=-1, keepdims=True), damped_steps, 0.0),
+    ])
+    return z + steps, jnp.where(finite, decrement, jnp.nan)
 
 
 @small_jit()
@@ -962,7 +989,7 @@ def _newton_pick(zs, values, grads, z, value, grad):
 def newton_polish(
     z: jax.Array, hessian: jax.Array, *, oracle: RowsOracle, rows: int,
     num_steps: int = NEWTON_STEPS, rehearse: bool = False,
-) -> tuple[jax.Array, jax.Array, bool]:
+) -> tuple[jax.Array, jax.Array, bool, bool]:
     """Newton steps on log p̄ from ``z`` (``hessian`` ∇² log p̄ there), each with a line
     search of ``rows`` step lengths, while Newton's decrement is at least
     :data:`NEWTON_DECREMENT` nats and a step raises log p̄; loops in Python (a compiled
@@ -972,8 +999,10 @@ def newton_polish(
     posterior's correlations are near ±1 (a regression on raw, uncentered and collinear
     columns: a condition number of 10⁷ to 10⁸ after standardization; on a 26-coordinate
     one the warm start's q ended centred 400 to 1 300 nats below the mode); Newton's
-    steps on the whole Hessian reach the mode in about ten. Returns the point, the
-    Hessian there, and whether it moved. ``rehearse``: one step whatever the decrement
+    steps on the whole Hessian reach the mode in about ten (from 18 000 nats below, with a
+    noise scale started 10⁴ times too large, in 64). Returns the point, the Hessian
+    there, whether it moved, and whether it converged (Newton's decrement there below
+    :data:`NEWTON_DECREMENT`: a mode, not a point on the way up a spike). ``rehearse``: one step whatever the decrement
     (:func:`precompile`).
     """
     oracle, host = resolve_oracle(None, oracle, z, hessian)
@@ -981,9 +1010,10 @@ def newton_polish(
         raise ValueError("newton_polish runs its loop in Python: pass a compiled oracle.")
     values, grads = oracle.value_and_grad(_rows_of(z, rows, host=host))
     value, grad = _take((values, grads), np.int32(0), host=host)  # the first row: z
-    moved = False
+    moved = converged = False
     for _ in range(num_steps):
         zs, decrement = _newton_points(hessian, grad, z, rows, host=host)
+        converged = bool(decrement < NEWTON_DECREMENT)  # False where NaN (not finite)
         if not rehearse and not bool(decrement >= NEWTON_DECREMENT):
             break
         values, grads = oracle.value_and_grad(zs)
@@ -992,9 +1022,10 @@ def newton_polish(
             break
         hessian = hessian_matrix(None, z, oracle=oracle)
         moved = True
+        converged = False  # the decrement at the new point is not known yet
         if rehearse:
             break
-    return z, hessian, moved
+    return z, hessian, moved, converged
 
 
 # ---------------------------------------------------------------------------- VI
@@ -1168,27 +1199,28 @@ def _pick(fits, starts, scales, full_rank, tail):
 LAPLACE_TOLERANCE = 0.02
 
 
-#: A polished mode is not kept where some coordinate's curvature scale there is below
-#: this fraction of its scale at the unpolished mode: the signature of a spike (a centred
+#: A polished point where the Newton steps did not converge is not kept where some
+#: coordinate's curvature scale there is below this fraction of its scale at the
+#: unpolished mode: the signature of a spike (a centred
 #: hierarchical model's density near a group scale σ → 0, where every scale shrinks with
 #: σ, and float32's log weights are no longer to be trusted: on the hold-out set's
 #: centred surgical model the polished start scored an "ELBO" of +55 where log Z is
-#: about −46).
+#: about −46; its steps ended at a point with a non-finite Hessian).
 NEWTON_MIN_SCALE_RATIO = 0.1
 
 
 @small_jit()
-def _keep_polished(weights, other, scale, other_scale):
+def _keep_polished(weights, other, scale, other_scale, converged):
     """Whether the polished Laplace approximation (log ``weights``, curvature scales
     ``scale``) is kept over the unpolished one: a higher mean log weight (an ELBO
-    estimate; not finite counts as −∞), and no scale collapsed
-    (:data:`NEWTON_MIN_SCALE_RATIO`)."""
+    estimate; not finite counts as −∞), and the Newton steps ``converged`` (a mode) or
+    no scale collapsed (:data:`NEWTON_MIN_SCALE_RATIO`)."""
 
     def elbo(w):
         mean = jnp.mean(w)
         return jnp.where(jnp.isfinite(mean), mean, -jnp.inf)
 
-    kept = jnp.all(scale >= NEWTON_MIN_SCALE_RATIO * other_scale)
+    kept = converged | jnp.all(scale >= NEWTON_MIN_SCALE_RATIO * other_scale)
     return (elbo(weights) > elbo(other)) & kept
 
 
@@ -1318,11 +1350,11 @@ def warm_start(
     lap_weights = None
     if polish:
         # Newton steps where L-BFGS stalled (correlations near ±1); the polished mode is
-        # kept where its Laplace approximation's ELBO is the higher and no curvature
-        # scale collapsed (a hierarchical model's density grows without bound into a
-        # spike that Newton would follow)
+        # kept where its Laplace approximation's ELBO is the higher and the steps
+        # converged or no curvature scale collapsed (a hierarchical model's density
+        # grows without bound into a spike that Newton would follow, never converging)
         rehearse = vi_iterations is not None
-        polished, polished_hessian, moved = newton_polish(
+        polished, polished_hessian, moved, converged = newton_polish(
             mode, hessian, oracle=oracle, rows=rows, rehearse=rehearse
         )
         if moved or rehearse:
@@ -1333,7 +1365,7 @@ def warm_start(
             _, unpolished_scales, _ = laplace
             if bool(_keep_polished(  # the Laplace starts' curvature scales (the last)
                 polished_weights, lap_weights, polished_scales[-1], unpolished_scales[-1],
-                host=host,
+                np.bool_(converged), host=host,
             )):
                 laplace, lap_weights = polished_laplace, polished_weights
     starts, scales, unit_scales = laplace

@@ -9,31 +9,47 @@ slope with constraints whose bijection standardizes them by the warm start's q,
 N(m₀, s₀²):
 
 * ``loc = m₀ + s₀ ⊙ u``;
-* ``scale = s₀ ⊙ exp(u)`` (diagonal), or ``scale_tril = diag(s₀ ⊙ exp(u_s)) · C(c u_c)``
-  (full rank) with ``C`` the Cholesky factor of a correlation matrix (NumPyro's
-  ``CorrCholeskyTransform``) and c = :data:`CORRELATION_UNIT`: the marginal sds
-  s₀ ⊙ exp(u_s) move exactly as the diagonal q's do, and the correlations stay in
-  (−1, 1). In a parameterization by the Cholesky factor's entries (NumPyro's
-  ``scaled_unit_lower_cholesky``), each row's marginal variance is the sum of its
-  squared entries, so gradient noise on the off-diagonal entries inflates the marginal
-  sds of the later coordinates step after step (non-centered eight schools at Adam 1e-2: q's sds grew 2.5-fold in 8000 steps
-  and the draws then diverged). The correlation coordinates move in steps of a tenth:
-  their gradients are weak next to their noise once q is near the warm start, and in
-  unit steps Adam random-walked them into spurious correlations that broke training
-  down at Adam 1e-2 (the zoo's hierarchical logistic regression and the hold-out set's
-  nested-plates model, d = 10 and 28: losses from 130 to 10¹¹ and from 85 to 900
-  after 3000-8000 steps; with steps of a tenth both trained to the end, to a loss as
-  low or lower);
+* ``scale = s₀ ⊙ exp(u)`` (diagonal);
 * ``bridge_loc_slope = s₀ ⊙ u``.
+
+A full-rank q is standardized by its start's whole Cholesky factor L₀ (q₀ = N(m₀, L₀L₀ᵀ)),
+not by its marginal sds: ``loc = m₀ + L₀ u``, ``bridge_loc_slope = L₀ u`` and
+``scale_tril = L₀ · diag(exp(u_s)) · C(c u_c)`` with ``C`` the Cholesky factor of a
+correlation matrix (NumPyro's ``CorrCholeskyTransform``) and c = :data:`CORRELATION_UNIT`.
+In the coordinates L₀ whitens, the start is N(0, I), the marginal sds are exp(u_s) and
+the correlations stay in (−1, 1). Why whitened: where the posterior's correlations are
+near ±1 (a regression on raw, collinear columns: conditional sds 10⁻⁴ of the marginal
+ones), a step of the learning rate in marginal-sd units crosses the ridge by ten of its
+widths: on a 4-dimensional Gaussian with correlations 0.9999, 500 steps of Adam 1e-2
+took UHA's bound from −9.1 to −13.2 in marginal-sd units and to −7.1 whitened (log Z =
+0; with the force limit of ``guide._force_sds`` as well, from −0.9 to −0.3). On a
+diamonds-like regression (1 000 rows, float64, log Z = −326.65 by quadrature) the bound
+was −395 and −618 after 2 000 steps of Adam 1e-3 and 1e-2 before both fixes, −327.12
+and −327.53 after (its start q: −326.87). In whitened units the steps are the same size
+along the ridge and across it. With a diagonal L₀ = diag(s₀) this is
+the marginal-sd parameterization the mean-field q has. Why not the Cholesky factor's
+entries (NumPyro's ``scaled_unit_lower_cholesky``): each row's marginal variance is the
+sum of its squared entries, so gradient noise on the off-diagonal entries inflates the
+marginal sds of the later coordinates step after step (non-centered eight schools at
+Adam 1e-2: q's sds grew 2.5-fold in 8000 steps and the draws then diverged). The
+correlation coordinates move in steps of a tenth: their gradients are weak next to
+their noise once q is near the warm start, and in unit steps Adam random-walked them
+into spurious correlations that broke training down at Adam 1e-2 (the zoo's
+hierarchical logistic regression and the hold-out set's nested-plates model, d = 10 and
+28: losses from 130 to 10¹¹ and from 85 to 900 after 3000-8000 steps; with steps of a
+tenth both trained to the end, to a loss as low or lower).
 
 The values in ``params`` are unchanged (model units); only the optimizer's coordinates
 differ, so every step moves them by about the learning rate *in posterior standard
-deviations*, on every coordinate.
+deviations*, on every coordinate (for a full-rank q: along every principal direction of
+its start).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import jax.scipy.linalg  # noqa: F401 - jax.scipy.linalg.solve_triangular
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import (
     AffineTransform,
@@ -70,7 +86,8 @@ class _Standardized(constraints.Constraint):
 
 
 class StandardizedReal(_Standardized):
-    """Real vectors; bijection ``u ↦ loc + scale ⊙ u``."""
+    """Real vectors; bijection ``u ↦ loc + scale ⊙ u``, or ``u ↦ loc + scale · u`` where
+    ``scale`` is a lower Cholesky factor (a full-rank q's: whitened coordinates)."""
 
     def __call__(self, x):
         return jnp.all(jnp.isfinite(x), axis=-1)
@@ -90,16 +107,21 @@ class StandardizedPositive(_Standardized):
 
 
 class StandardizedCholesky(_Standardized):
-    """Lower Cholesky factors; bijection ``u ↦ diag(scale ⊙ exp(u_s)) · C(c u_c)``, C a
+    """Lower Cholesky factors; bijection ``u ↦ L₀ · diag(exp(u_s)) · C(c u_c)``, L₀ =
+    ``scale`` (a lower Cholesky factor; a vector s₀ stands for diag(s₀)), C a
     correlation matrix's Cholesky factor and c = CORRELATION_UNIT (``loc`` unused)."""
 
     event_dim = 2
+
+    def __init__(self, loc, scale):
+        scale = jnp.asarray(scale)
+        super().__init__(loc, jnp.diag(scale) if scale.ndim == 1 else scale)
 
     def __call__(self, x):
         return constraints.lower_cholesky(x)
 
     def feasible_like(self, prototype):
-        return jnp.broadcast_to(jnp.diag(self.scale), jnp.shape(prototype))
+        return jnp.broadcast_to(self.scale, jnp.shape(prototype))
 
 
 def _check_width(x, width: int, *, last: int = 1) -> None:
@@ -129,11 +151,58 @@ class _CheckedAffine(AffineTransform):
         return super()._inverse(y)
 
 
+class _FactorAffine(Transform):
+    """``u ↦ loc + L₀ u`` on a q parameter (a latent-size vector), L₀ = ``factor`` a lower
+    Cholesky factor; another latent size is refused with a clear error
+    (:func:`_check_width`)."""
+
+    domain = constraints.real_vector
+    codomain = constraints.real_vector
+
+    def __init__(self, loc, factor):
+        self.loc = loc
+        self.factor = factor
+
+    def __call__(self, x):
+        _check_width(x, jnp.shape(self.factor)[-1])
+        return _factor_forward(x, self.loc, self.factor, host=True)
+
+    def _inverse(self, y):
+        _check_width(y, jnp.shape(self.factor)[-1])
+        return _factor_inverse(y, self.loc, self.factor, host=True)
+
+    def log_abs_det_jacobian(self, x, y, intermediates=None):
+        raise NotImplementedError(
+            "_FactorAffine parameterizes a guide parameter; it has no density Jacobian."
+        )
+
+    def tree_flatten(self):
+        return (self.loc, self.factor), (("loc", "factor"), dict())
+
+
+def _solve_lower(factor, y):
+    """L₀⁻¹ y for y of shape (..., d) or (..., d, k) (``vector``: the former)."""
+    return jax.scipy.linalg.solve_triangular(
+        jnp.broadcast_to(factor, jnp.shape(y)[:-2] + jnp.shape(factor)), y, lower=True
+    )
+
+
+@small_jit()  # compiled once per machine (see core/executables.py)
+def _factor_forward(x, loc, factor):
+    return loc + jnp.einsum("ij,...j->...i", factor, x)
+
+
+@small_jit()  # compiled once per machine (see core/executables.py)
+def _factor_inverse(y, loc, factor):
+    return _solve_lower(factor, (y - loc)[..., None])[..., 0]
+
+
 class _ScaleCorrCholeskyTransform(Transform):
-    """``u = (u_s, u_c) ↦ diag(scale ⊙ exp(u_s)) · C(c u_c)``, c = CORRELATION_UNIT: a
-    real vector of length d(d+1)/2 to a lower Cholesky factor whose row norms (q's
-    marginal sds) are ``scale ⊙ exp(u_s)``; ``C`` is NumPyro's ``CorrCholeskyTransform``
-    (unit rows)."""
+    """``u = (u_s, u_c) ↦ L₀ · diag(exp(u_s)) · C(c u_c)``, c = CORRELATION_UNIT: a real
+    vector of length d(d+1)/2 to a lower Cholesky factor; L₀ = ``scale`` (d × d, the
+    warm start's factor), ``C`` NumPyro's ``CorrCholeskyTransform`` (unit rows). In the
+    coordinates L₀ whitens, q's marginal sds are ``exp(u_s)``; with a diagonal L₀ =
+    diag(s₀), q's marginal sds are ``s₀ ⊙ exp(u_s)``."""
 
     domain = constraints.real_vector
     codomain = constraints.lower_cholesky
@@ -179,19 +248,23 @@ class _ScaleCorrCholeskyTransform(Transform):
 @small_jit()  # compiled once per machine (see core/executables.py)
 def _scale_corr_forward(x, scale):
     d = jnp.shape(scale)[-1]
-    sds = scale * jnp.exp(x[..., :d])
-    return sds[..., :, None] * CorrCholeskyTransform()(CORRELATION_UNIT * x[..., d:])
+    sds = jnp.exp(x[..., :d])
+    whitened = sds[..., :, None] * CorrCholeskyTransform()(CORRELATION_UNIT * x[..., d:])
+    return jnp.matmul(scale, whitened)
 
 
 @small_jit()  # compiled once per machine (see core/executables.py)
 def _scale_corr_inverse(y, scale):
-    sds = jnp.sqrt(jnp.sum(y**2, axis=-1))
-    u_c = CorrCholeskyTransform().inv(y / sds[..., :, None])
-    return jnp.concatenate([jnp.log(sds / scale), u_c / CORRELATION_UNIT], axis=-1)
+    whitened = _solve_lower(scale, y)
+    sds = jnp.sqrt(jnp.sum(whitened**2, axis=-1))
+    u_c = CorrCholeskyTransform().inv(whitened / sds[..., :, None])
+    return jnp.concatenate([jnp.log(sds), u_c / CORRELATION_UNIT], axis=-1)
 
 
 @biject_to.register(StandardizedReal)
 def _real(constraint):
+    if jnp.ndim(constraint.scale) == 2:  # a full-rank q's factor: whitened coordinates
+        return _FactorAffine(constraint.loc, constraint.scale)
     return _CheckedAffine(constraint.loc, constraint.scale, domain=constraints.real_vector)
 
 

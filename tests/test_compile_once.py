@@ -199,7 +199,10 @@ def test_the_full_rank_scale_transform_runs_eagerly_as_one_program():
     from numpyro_uha._precondition import _ScaleCorrCholeskyTransform
 
     d = 13  # a size no other test uses: nothing of it compiled before in this process
-    transform = _ScaleCorrCholeskyTransform(jnp.linspace(0.5, 2.0, d))
+    # the warm start's Cholesky factor the transform whitens by (_precondition.py)
+    a = jax.random.normal(jax.random.PRNGKey(1), (d, d))
+    factor = jnp.linalg.cholesky(a @ a.T / d + jnp.diag(jnp.linspace(0.5, 2.0, d)))
+    transform = _ScaleCorrCholeskyTransform(factor)
     x = 0.3 * jax.random.normal(jax.random.PRNGKey(0), (d * (d + 1) // 2,))
     with CountCompiles() as compiles:
         eager = transform(x)

@@ -930,7 +930,7 @@ NEWTON_DECREMENT = 1e-2
 NEWTON_FLOOR = 1e-8
 
 
-#: The damped half of the Newton line search (:func:`_newton_points`): steps of length
+#: The damped half of the Newton line search (``_newton_points``): steps of length
 #: at most r for r log-spaced over this range (in the unconstrained coordinates' units).
 NEWTON_RADII = (1e-4, 1e4)
 

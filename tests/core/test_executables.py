@@ -42,8 +42,8 @@ svi = SVI(model, guide, optax.adam(1e-3), Trace_ELBO())
 params = svi.get_params(svi.init(jax.random.PRNGKey(0), x, y))
 # a cached step called under a JAX transform (the Cholesky parameter's inverse, traced)
 chol = np.linalg.cholesky(np.array([[2.0, 0.3], [0.3, 1.0]]))
-traced = jax.jit(lambda c: _scale_corr_inverse(c, jnp.ones(2), host=True))(chol)
-eager = _scale_corr_inverse(chol, jnp.ones(2), host=True)
+traced = jax.jit(lambda c: _scale_corr_inverse(c, jnp.eye(2), host=True))(chol)
+eager = _scale_corr_inverse(chol, jnp.eye(2), host=True)
 print("RESULT", json.dumps({
     "params": {k: np.asarray(v).tolist() for k, v in params.items()},
     "start_elbo": guide._start_elbo, "stats": executables.stats,

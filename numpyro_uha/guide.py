@@ -239,9 +239,10 @@ DEVICE_BATCH_MIN = 1024
 #: Most draws per GPU/TPU device computed together by default.
 DEVICE_BATCH_MAX = 65536
 
-#: Registered but never learned: the stability ceiling and the force bound, set by the
-#: warm start (see ``_start_arrays``), in params so that the fit carries them.
-FIXED = ("stability_scale", "stability_ceiling", "force_limit")
+#: Registered but never learned: the stability ceiling, the force bound and (full-rank q)
+#: the mass factor, set by the warm start (see ``_start_arrays``), in params so that the
+#: fit carries them.
+FIXED = ("stability_scale", "stability_ceiling", "force_limit", "mass_factor")
 
 #: Learnable parameter groups (paper Section 5.3) and the parameters in each.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -1115,8 +1116,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             # the optimizer's units (_precondition.py): the start's mean and marginal sds,
             # or for a full-rank q its Cholesky factor (whitened coordinates)
             self._precondition = (
-                loc, _whitening_factor(scale, start["stability_scale"], host=host)
-                if self.base_dist == "cholesky" else start["stability_scale"],
+                loc, start["mass_factor"] if self.base_dist == "cholesky"
+                else start["stability_scale"],
             )
 
     def _initial_values(self, loc, scale, start, preconditioned, with_ceiling) -> dict:
@@ -1139,6 +1140,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             # kicks bounded at FORCE_LIMIT_SDS / s (q's sds): the gradient of a Gaussian
             # coordinate that far out; see AnnealingParams.force_limit
             values["force_limit"] = start["force_limit"]
+        if "mass_factor" in start:
+            # a full-rank q's chain moves in its start's whitened coordinates (the
+            # momentum, its scales, the steps and the force bound are theirs)
+            values["mass_factor"] = start["mass_factor"]
         return values
 
     @property
@@ -1455,8 +1460,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size, host=True
             )
             if full_rank:  # the Cholesky parameter's inverse transform (svi.init's)
-                factor = _whitening_factor(scale, start["stability_scale"], host=True)
-                _scale_corr_inverse(scale, factor, host=True)
+                _scale_corr_inverse(scale, start["mass_factor"], host=True)
             return start, _q_draw(key, loc, scale, host=True)  # the setup call's draw
 
         return precompile(
@@ -2035,7 +2039,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             "bridge_log_scale_slope": constraints.real,
             "drift_scale": constraints.positive,
             **{
-                short: constraints.positive
+                # the mass factor: a lower-triangular matrix (its zeros above the diagonal)
+                short: constraints.real if short == "mass_factor" else constraints.positive
                 for short in FIXED
                 if self._init_values is not None and short in self._init_values
             },
@@ -2072,6 +2077,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             bridge_log_scale_slope=values["bridge_log_scale_slope"],
             drift_scale=values["drift_scale"],
             force_limit=values.get("force_limit"),
+            mass_factor=values.get("mass_factor"),
         )
 
     @property
@@ -3578,14 +3584,14 @@ def _probe_near_q(oracle, loc, scale, rows):
     return flat, ruled_out
 
 
-@small_jit()
-def _whitening_factor(scale, marginal_sds):
-    """The factor a full-rank q's parameters are standardized by (_precondition.py): its
-    start's Cholesky factor, or diag(marginal sds) where that is not a valid factor (a
-    diagonal entry not positive and finite)."""
+def _whitening_factor(scale):
+    """The factor P a full-rank q's chain moves by (u = P⁻¹ z: the mass factor,
+    AnnealingParams.mass_factor) and its parameters are standardized by
+    (_precondition.py): its start's Cholesky factor, or diag(marginal sds) where that is
+    not a valid factor (a diagonal entry not positive and finite); traceable."""
     diag = jnp.diagonal(scale)
     valid = jnp.all(jnp.isfinite(scale)) & jnp.all(diag > 0)
-    return jnp.where(valid, jnp.tril(scale), jnp.diag(marginal_sds))
+    return jnp.where(valid, jnp.tril(scale), jnp.diag(_marginal_std(scale)))
 
 
 def _marginal_std(scale):
@@ -3595,11 +3601,13 @@ def _marginal_std(scale):
 
 def _curvature(oracle, loc, scale):
     """λ behind the step ceiling (see :func:`_start_arrays`): the largest of
-    λ_max(S H S) over q's mean and ``CURVATURE_DRAWS`` draws from q widened
+    λ_max(Sᵀ H S) over q's mean and ``CURVATURE_DRAWS`` draws from q widened
     ``CURVATURE_WIDTH`` times (the curvature in q's tails can be several times that at
     its mean: hierarchical scales, heavy tails, noise scales) and
-    λ_max(S Σ_q⁻¹ S) (q's part of the bridge, 1 for a diagonal q), S = diag(s), s = q's
-    marginal sds; by Lanczos iterations (:func:`~numpyro_uha.core.warm_start.max_curvature`),
+    λ_max(Sᵀ Σ_q⁻¹ S) (q's part of the bridge: 1 where S is q's own factor), in the
+    coordinates the chain moves in: S = diag(s), s = q's marginal sds, for a diagonal q;
+    S = P, the mass factor (:func:`_whitening_factor`), for a full-rank one; by Lanczos
+    iterations (:func:`~numpyro_uha.core.warm_start.max_curvature`),
     all points' Hessian-vector products in one ``oracle`` call per iteration;
     traceable."""
     _, host = resolve_oracle(None, oracle, loc, scale)
@@ -3618,18 +3626,24 @@ def _q_draw(rng_key, loc, scale):
 
 @small_jit()
 def _curvature_points(loc, scale):
-    s = _marginal_std(scale)
+    """q's mean and widened draws from q, and the chain's units there (q's marginal sds,
+    or a full-rank q's mass factor)."""
     noise = jax.random.normal(jax.random.PRNGKey(0), (CURVATURE_DRAWS, loc.shape[-1]), loc.dtype)
-    return jnp.concatenate([loc[None], loc + CURVATURE_WIDTH * noise * s]), s
+    if scale.ndim == 2:
+        factor = _whitening_factor(scale)
+        return jnp.concatenate([loc[None], loc + CURVATURE_WIDTH * noise @ factor.T]), factor
+    return jnp.concatenate([loc[None], loc + CURVATURE_WIDTH * noise * scale]), scale
 
 
 @small_jit()
 def _curvature_max(lams, scale):
     lam = jnp.max(jnp.where(jnp.isfinite(lams), lams, 0.0))
     if scale.ndim == 2:
-        s = _marginal_std(scale)
-        prec = jnp.linalg.inv(scale @ scale.T)
-        return jnp.maximum(lam, jnp.linalg.eigvalsh(s[:, None] * prec * s[None, :])[-1])
+        # q's part in u = P⁻¹ z: the precision (P⁻¹ L)⁻ᵀ (P⁻¹ L)⁻¹, λ_max = ‖L⁻¹ P‖²
+        within = jax.scipy.linalg.solve_triangular(
+            jnp.tril(scale), _whitening_factor(scale), lower=True
+        )
+        return jnp.maximum(lam, jnp.linalg.eigvalsh(within.T @ within)[-1])
     return jnp.maximum(lam, 1.0)
 
 
@@ -3640,7 +3654,8 @@ def _all_finite(tree):
 
 def _step_ceiling(values):
     """The largest step size ε the stability ceiling c allows with the current δ and Σ:
-    every per-coordinate step ε δ_i / Σ_i^(1/2) at most c · s_i (see :func:`_start_arrays`)."""
+    every per-coordinate step ε δ_i / Σ_i^(1/2) at most c · s_i (see :func:`_start_arrays`;
+    for a full-rank q in the coordinates u its chain moves in, where s = 1)."""
     s, c = values["stability_scale"], values["stability_ceiling"]
     return c / jnp.max(values["drift_scale"] / (values["momentum_scale"] * s))
 
@@ -3662,13 +3677,27 @@ def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size):
     ``STABILITY_FRACTION`` · 2 / sqrt(λ): learning rates that random-walk ε, δ and Σ for
     thousands of steps cannot push the dynamics over that cliff. Not finite (no
     ceiling) where λ is not (``nan`` where the setup runs inside a JAX transform).
+
+    A full-rank q's chain moves in u = P⁻¹ z, P = ``mass_factor`` (q's Cholesky factor,
+    :func:`_whitening_factor`): a dense mass matrix. Every array above is then u's: q's
+    sds there are 1 (s = 1, Σ^(1/2) = 1), λ is that of Pᵀ H P, and the force bound that
+    of u's force. On a posterior correlated near ±1 the steps of a diagonal mass are
+    bounded by its narrowest direction (a diamonds-like regression: its start ceiling
+    in q's marginal sds was 2·10⁻⁴); in u every direction is about as wide.
     """
-    s = _marginal_std(scale)
+    full_rank = scale.ndim == 2
+    if full_rank:
+        factor = _whitening_factor(scale)
+        within = jax.scipy.linalg.solve_triangular(factor, jnp.tril(scale), lower=True)
+        s = jnp.ones_like(loc)
+    else:
+        within = s = _marginal_std(scale)
     zeros = jnp.zeros_like(loc)
     ceiling = jnp.where(
         jnp.isfinite(lam) & (lam > 0), 2.0 * STABILITY_FRACTION / jnp.sqrt(lam), jnp.inf
     )
     init_step_size = jnp.asarray(init_step_size, loc.dtype)
+    extra = {"mass_factor": factor} if full_rank else {}
     return {
         "step_size_slope": jnp.zeros((), loc.dtype),
         "momentum_scale": 1.0 / s,
@@ -3686,7 +3715,8 @@ def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size):
         ),
         # kicks bounded at FORCE_LIMIT_SDS sds of the force under q; see
         # AnnealingParams.force_limit and _force_sds
-        "force_limit": FORCE_LIMIT_SDS * _force_sds(scale),
+        "force_limit": FORCE_LIMIT_SDS * _force_sds(within),
+        **extra,
     }
 
 

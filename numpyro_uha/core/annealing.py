@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
+from jax.scipy.linalg import solve_triangular
 
 from numpyro_uha.core.gaussian import (
     bridge_gaussian,
@@ -125,6 +126,22 @@ class AnnealingParams(NamedTuple):
             hierarchical scale near 0), can no longer be thrown to infinity in a few
             steps; its momentum grows at most linearly and its weight is finite (and
             small), so training sees it instead of a NaN.
+        mass_factor: P, a lower-triangular ``(d, d)`` matrix (entries above the diagonal
+            are ignored), or ``None`` (the default: the chain moves in z itself). The
+            chain then moves in the coordinates u = P⁻¹ z: the momentum, its refresh,
+            ``momentum_scale``, ``drift_scale``, ``force_limit`` and the step sizes are
+            those of u, and the target and the bridges are pulled back to u exactly
+            (log p̄(P u), and q mapped by P⁻¹), so that the draws, q and the log weight
+            are those of z. This is the leapfrog with the dense mass
+            matrix M = P⁻ᵀ diag(momentum_scale²) P⁻¹: with P a Cholesky factor of
+            the posterior's covariance (e.g. q's), every direction moves at the same
+            speed, where a diagonal mass on a posterior correlated near ±1 needs steps
+            as small as its narrowest direction. The bridge q_ψ(β) is then defined in
+            u: mean P⁻¹ (loc + β · bridge_loc_slope), Cholesky factor
+            diag(exp(β · bridge_log_scale_slope)) · P⁻¹ L (u's rows scaled, not z's: on
+            a posterior correlated near ±1, scaling a row of z's factor by 1 % moves the
+            bridge off the ridge by many of its widths). Single chains only (not
+            ``*_rows``).
     """
 
     loc: jax.Array
@@ -137,6 +154,7 @@ class AnnealingParams(NamedTuple):
     bridge_log_scale_slope: jax.Array
     drift_scale: jax.Array | None = None
     force_limit: jax.Array | None = None
+    mass_factor: jax.Array | None = None
 
 
 class AnnealingInfo(NamedTuple):
@@ -180,6 +198,7 @@ def make_params(
     bridge_log_scale_slope: jax.Array | None = None,
     drift_scale: jax.Array | None = None,
     force_limit: jax.Array | None = None,
+    mass_factor: jax.Array | None = None,
 ) -> AnnealingParams:
     """Build :class:`AnnealingParams` with the plain defaults filled in.
 
@@ -234,6 +253,13 @@ def make_params(
         (np.asarray(damping) >= 0) & (np.asarray(damping) <= 1)
     ):
         raise ValueError(f"make_params: damping (η) must be in [0, 1], got {damping}.")
+    if mass_factor is not None:
+        mass_factor = jnp.asarray(mass_factor, loc.dtype)
+        if mass_factor.shape != (dim, dim):
+            raise ValueError(
+                f"make_params: mass_factor must be a lower-triangular matrix of shape "
+                f"({dim}, {dim}) (loc's d), got shape {mass_factor.shape}."
+            )
     return AnnealingParams(
         loc=loc,
         scale=scale,
@@ -245,6 +271,7 @@ def make_params(
         bridge_log_scale_slope=vector("bridge_log_scale_slope", bridge_log_scale_slope, zeros),
         drift_scale=vector("drift_scale", drift_scale, None),
         force_limit=vector("force_limit", force_limit, None),
+        mass_factor=mass_factor,
     )
 
 
@@ -370,6 +397,11 @@ def _rows_params(params, rng_keys):
             "annealed_sample_rows needs a mean-field q per row: loc and scale of shape (B, d), "
             f"got loc {jnp.shape(params.loc)} and scale {jnp.shape(params.scale)}."
         )
+    if params.mass_factor is not None:
+        raise ValueError(
+            "annealed_sample_rows: mass_factor is for single chains (a full-rank q); the "
+            "rows' chains take a diagonal momentum_scale per row instead."
+        )
     if params.loc.shape[0] != num_rows:
         raise ValueError(
             f"annealed_sample_rows: {num_rows} keys for {params.loc.shape[0]} rows of loc."
@@ -436,15 +468,19 @@ def _forward(
     log_q_initial = gaussian_logpdf(z_init, loc, scale)
     check_integrator(integrator)
     deferred = deferred and integrator == "position_verlet" and not corrected
+    # with a mass factor P the chain moves u = P⁻¹ z (its target log p̄(P u)); the draws,
+    # q and the weight stay those of z (AnnealingParams.mass_factor)
+    logdensity_fn, factor = _mass_coordinates(logdensity_fn, params)
+    start = z_init if factor is None else _to_mass(factor, z_init)
     momentum, move, refresh, steps = _chain_parts(
         logdensity_fn, params, (momentum_noise, refresh_noises, uniforms),
         num_leapfrog_steps, corrected, integrator, deferred=deferred,
     )
     if deferred:  # nothing in the chain reads log p̄: a placeholder in the state
         batch = jnp.shape(z_init)[:-1]
-        state = IntegratorState(z_init, momentum, jnp.zeros(batch, z_init.dtype), None)
+        state = IntegratorState(start, momentum, jnp.zeros(batch, z_init.dtype), None)
     else:
-        state = _initial_state(logdensity_fn, z_init, momentum, integrator)
+        state = _initial_state(logdensity_fn, start, momentum, integrator)
 
     def transition(state, step):
         beta, step_size, noise, uniform = step
@@ -466,10 +502,30 @@ def _forward(
     diverged = None
     if deferred:
         per_step, diverged = _deferred_diagnostics(
-            logdensity_fn, z_init, log_weight, final_logdensity, steps[0], per_step
+            logdensity_fn, start, log_weight, final_logdensity, steps[0], per_step
         )
     info = AnnealingInfo(z_init, log_q_initial, *per_step, diverged)
-    return final_state.position, log_weight, info
+    return _from_mass(factor, final_state.position), log_weight, info
+
+
+def _mass_coordinates(logdensity_fn, params):
+    """``(u ↦ log p̄(P u), P)`` for a chain with a mass factor P (lower triangle), else
+    ``(logdensity_fn, None)``."""
+    if params.mass_factor is None:
+        return logdensity_fn, None
+    factor = jnp.tril(params.mass_factor)
+    return (lambda u: logdensity_fn(_from_mass(factor, u))), factor
+
+
+def _from_mass(factor, u):
+    """z = P u (``u`` itself where ``factor`` is None), for ``u`` of shape ``(..., d)``."""
+    return u if factor is None else u @ factor.T
+
+
+def _to_mass(factor, z):
+    """u = P⁻¹ z by a triangular solve, for ``z`` of shape ``(..., d)``."""
+    flat = jnp.reshape(z, (-1, z.shape[-1]))
+    return jnp.reshape(solve_triangular(factor, flat.T, lower=True).T, z.shape)
 
 
 def _deferred_diagnostics(logdensity_fn, z_init, log_weight, final_logdensity, betas, moved):
@@ -670,6 +726,14 @@ def _make_move(
     value_and_grad = _value_and_grad(logdensity_fn)
     target_grad = _grad(logdensity_fn)
 
+    if params.mass_factor is not None:
+        # the chain's coordinates u = P⁻¹ z: q = N(P⁻¹ m, (P⁻¹ L)(P⁻¹ L)ᵀ), P⁻¹ L lower
+        # triangular; the bridge's slopes act there (AnnealingParams.mass_factor)
+        factor = jnp.tril(params.mass_factor)
+        full = scale if jnp.ndim(scale) == 2 else jnp.diag(scale)
+        loc, loc_slope = _to_mass(factor, loc), _to_mass(factor, loc_slope)
+        scale = solve_triangular(factor, jnp.tril(full), lower=True)
+
     def move(start, beta, step_size, uniform):
         bridge_loc, bridge_scale = bridge_gaussian(beta, loc, scale, loc_slope, log_scale_slope)
         # per-chain scalars against (..., d) vectors
@@ -816,6 +880,9 @@ def _reverse_noise(rng_key, dim, num_transitions, dtype):
 
 
 def _reverse(noise, logdensity_fn, params, position, num_leapfrog_steps, corrected, integrator):
+    logdensity_fn, factor = _mass_coordinates(logdensity_fn, params)
+    if factor is not None:
+        position = _to_mass(factor, position)
     momentum, move, refresh, steps = _chain_parts(
         logdensity_fn, params, noise, num_leapfrog_steps, corrected, integrator,
     )
@@ -828,6 +895,7 @@ def _reverse(noise, logdensity_fn, params, position, num_leapfrog_steps, correct
         return refresh(moved, noise), step_info
 
     first_state, per_step = jax.lax.scan(transition, state, steps, reverse=True)
+    first_state = first_state._replace(position=_from_mass(factor, first_state.position))
     log_q_initial = gaussian_logpdf(first_state.position, params.loc, params.scale)
     # Each backward move's increment is the forward increment with start and end swapped.
     increments = -per_step[-1]

@@ -637,12 +637,22 @@ def _lanczos_begin(z, scale, iters):
     v0 = v0 / jnp.linalg.norm(v0, axis=-1, keepdims=True)
     zeros = jnp.zeros((n, iters), zs.dtype)
     carry = (jnp.zeros_like(zs), v0, zeros, zeros, jnp.zeros(n, bool))
-    return zs, carry, scale * v0
+    return zs, carry, _times(scale, v0)
+
+
+def _times(scale, v):
+    """S v for rows ``v`` (n, d): S = diag(``scale``), or the matrix ``scale`` (d, d)."""
+    return v @ scale.T if jnp.ndim(scale) == 2 else scale * v
+
+
+def _times_transposed(scale, w):
+    """Sᵀ w for rows ``w`` (n, d), S as in :func:`_times`."""
+    return w @ scale if jnp.ndim(scale) == 2 else scale * w
 
 
 @small_jit()
 def _lanczos_step(carry, hv, scale, j):
-    """Lanczos iteration ``j`` on A = S H S (H = −∇² log p̄) from the products ``hv`` =
+    """Lanczos iteration ``j`` on A = Sᵀ H S (H = −∇² log p̄) from the products ``hv`` =
     ∇² log p̄ · (S v_j), every row at once: α_j, β_j, v_(j+1) by the three-term recurrence
     (no full reorthogonalization: lost orthogonality repeats converged Ritz values, it
     does not move the extreme ones past the spectrum), and the estimate max |θ| over the
@@ -652,7 +662,7 @@ def _lanczos_step(carry, hv, scale, j):
     α and β, so its estimate stays. Returns the carry, the next inputs S v_(j+1), and the estimates."""
     v_prev, v, alpha, beta, done = carry
     iters = alpha.shape[-1]
-    w = -scale * hv
+    w = -_times_transposed(scale, hv)
     a = jnp.sum(v * w, axis=-1)
     b_prev = jnp.where(j > 0, jnp.take(beta, jnp.maximum(j - 1, 0), axis=-1), 0.0)
     w = w - a[:, None] * v - b_prev[:, None] * v_prev
@@ -676,7 +686,7 @@ def _lanczos_step(carry, hv, scale, j):
     v_next = w / jnp.where(b > 0, b, 1.0)[:, None]
     new_prev = jnp.where((done | stop)[:, None], v_prev, v)
     new_v = jnp.where((done | stop)[:, None], v, v_next)
-    return (new_prev, new_v, alpha, beta, done | stop), scale * new_v, estimate
+    return (new_prev, new_v, alpha, beta, done | stop), _times(scale, new_v), estimate
 
 
 def max_curvature(
@@ -687,7 +697,8 @@ def max_curvature(
     *,
     oracle: RowsOracle | None = None,
 ) -> jax.Array:
-    """The largest |eigenvalue| of S H S, H = -∇² log p̄ at ``z``, S = diag(``scale``),
+    """The largest |eigenvalue| of Sᵀ H S, H = -∇² log p̄ at ``z``, S = diag(``scale``)
+    (or the matrix ``scale``, shape ``(d, d)``: the leapfrog in the coordinates u = S⁻¹ z),
     by Lanczos iterations on Hessian-vector products (at most ``num_iters`` of them, and
     at most the dimension; in a Python loop, fewer once the estimates settle, see
     :data:`CURVATURE_ITERS`). Lanczos' extreme Ritz values converge far faster than

@@ -32,15 +32,20 @@ def gaussian_target(z):
 
 
 def random_params(
-    seed, num_transitions=6, full_rank=False, drift=False, force_limit=None
+    seed, num_transitions=6, full_rank=False, drift=False, force_limit=None, mass=False
 ) -> AnnealingParams:
     """Arbitrary, untrained parameters; q is wider than the target so weights have
     finite variance and the Monte Carlo standard error is meaningful. ``drift`` adds a
-    non-unit drift scale δ; ``force_limit`` bounds the kick's force (per coordinate)."""
+    non-unit drift scale δ; ``force_limit`` bounds the kick's force (per coordinate);
+    ``mass`` a dense mass matrix (a random lower-triangular mass factor, with entries
+    above its diagonal too, which it must ignore)."""
     rng = np.random.default_rng(seed)
     scale = rng.uniform(1.5, 2.5, DIM)
     if full_rank:
         scale = np.diag(scale) + np.tril(rng.normal(size=(DIM, DIM)) * 0.3, -1)
+    factor = None
+    if mass:
+        factor = np.diag(rng.uniform(0.5, 2.0, DIM)) + rng.normal(size=(DIM, DIM)) * 0.5
     return make_params(
         rng.normal(size=DIM) * 0.3,
         scale,
@@ -52,6 +57,7 @@ def random_params(
         bridge_log_scale_slope=rng.normal(size=DIM) * 0.3,
         drift_scale=rng.uniform(0.5, 2.0, DIM) if drift else None,
         force_limit=None if force_limit is None else jnp.full(DIM, force_limit),
+        mass_factor=factor,
     )
 
 
@@ -89,6 +95,14 @@ CASES = [
     pytest.param(
         dict(force_limit=0.5), dict(corrected=True), id="hais-force-limit", marks=pytest.mark.slow
     ),
+    # a dense mass matrix (the chain in u = P⁻¹ z), with every other option on
+    pytest.param(
+        dict(full_rank=True, mass=True, drift=True, force_limit=0.5), dict(), id="uha-mass"
+    ),
+    pytest.param(
+        dict(mass=True, drift=True), dict(integrator="position_verlet"), id="uha-position-mass"
+    ),
+    pytest.param(dict(full_rank=True, mass=True), dict(corrected=True), id="hais-mass"),
 ]
 
 

@@ -3682,8 +3682,8 @@ def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size):
     :func:`_whitening_factor`): a dense mass matrix. Every array above is then u's: q's
     sds there are 1 (s = 1, Σ^(1/2) = 1), λ is that of Pᵀ H P, and the force bound that
     of u's force. On a posterior correlated near ±1 the steps of a diagonal mass are
-    bounded by its narrowest direction (a diamonds-like regression: its start ceiling
-    in q's marginal sds was 2·10⁻⁴); in u every direction is about as wide.
+    bounded by its narrowest direction (a diamonds-like regression: its ceiling on ε was
+    1.4·10⁻⁴ in q's marginal sds; in u it is 1.0); in u every direction is about as wide.
     """
     full_rank = scale.ndim == 2
     if full_rank:

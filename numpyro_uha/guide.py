@@ -599,7 +599,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
     - ``"step_size"``: ε(0), kept in (0, ``max_step_size``);
     - ``"step_size_slope"``: the slope of ε(β) (affine in β on the logit scale);
     - ``"damping"``: η in (0, 1), momentum persistence;
-    - ``"momentum"``: the diagonal momentum covariance Σ;
+    - ``"momentum"``: the diagonal momentum covariance Σ (for a full-rank q, in the
+      coordinates u = L₀⁻¹ z its start's Cholesky factor L₀ whitens, where the chain
+      moves: a dense mass matrix, ``AnnealingParams.mass_factor``);
     - ``"schedule"``: the strictly increasing β_1 < ... < β_K in (0, 1);
     - ``"bridge"``: ψ, the slopes making q_ψ(β)'s mean and scale affine in β;
     - ``"drift"``: δ, a per-coordinate factor on the step size, starting at 1:
@@ -3091,8 +3093,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             "learning rate, several times below this fit's (e.g. optax.adam(1e-3) where "
             "1e-2 was used, 1e-4 where 1e-3 was). If UHA is below q already "
             "before training and a smaller rate does not help, its leapfrog steps are "
-            "too large for this posterior (a strongly correlated one: the momentum's "
-            "scales are per coordinate): pass init_step_size at half (or less) of the "
+            "too large for this posterior (a strongly correlated one with a diagonal "
+            "q, whose momentum's scales are per coordinate: base_dist='cholesky' moves "
+            "the chain in q's whitened coordinates): pass init_step_size at half (or less) of the "
             "first step it uses now, guide.get_annealing_params(params).step_sizes[0].",
             UHAWorseThanStartWarning,
             stacklevel=stacklevel + 1,

@@ -158,6 +158,17 @@ STABILITY_FRACTION = 0.75
 #: GARCH(1,1)'s parameters: sds 45 % too small with the diagonal q, 7 % with full rank).
 FULL_RANK_MAX_DIM = 32
 
+#: ``dense_mass="auto"``: a full-rank q's chain moves in q's whitened coordinates (a dense
+#: mass matrix) where its start's correlation matrix C has 1 / λ_min(C) at least this: on
+#: a Gaussian posterior the diagonal mass's stability ceiling is then sqrt(1000) ≈ 32 times
+#: below the dense one's. Measured (Adam 1e-3 and 1e-2, the trained bound, dense minus
+#: diagonal): a diamonds-like regression (1 / λ_min 7·10⁷) +0.44 and +0.79 nats, and no
+#: longer below its start q; a 4-D Gaussian of correlations 0.9999 (10⁴) the first step's
+#: bound 0.9 → 0.02 nats below log Z; but on the 17 full-rank zoo and hold-out models
+#: (1 / λ_min 1 to 121) no consistent gain, −0.42 to +0.10 nats (nested plates, 58: −0.34
+#: to −0.42 on three seeds), so those keep the diagonal mass.
+DENSE_MASS_MIN_CONDITION = 1000.0
+
 #: Draws from q (besides its mean) where the stability ceiling's curvature is taken: with
 #: the mean, 65 points, whose central differences are 130 rows, six calls of the
 #: setup's :data:`SETUP_ROWS` per Lanczos iteration.
@@ -689,6 +700,16 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             ``"auto"`` (the default): full rank where the model has 2 to
             ``FULL_RANK_MAX_DIM`` (32) unconstrained latent coordinates, mean-field
             otherwise. Resolved at setup into ``guide.base_dist``.
+        dense_mass: for a full-rank q, whether the chain moves in the coordinates
+            u = L₀⁻¹ z that its start's Cholesky factor L₀ whitens (a dense mass matrix:
+            ``True``) or in z with a diagonal mass (``False``); ``"auto"`` (the default)
+            chooses the dense mass where the start's correlations are strong (1 / the
+            smallest eigenvalue of its correlation matrix at least
+            ``DENSE_MASS_MIN_CONDITION`` = 1000, where a diagonal mass's steps are ~30
+            times shorter along the posterior's ridge), the diagonal one elsewhere (on the
+            zoo's and hold-out set's models the dense mass gained nothing consistent).
+            The choice is stored with the fit (``mass_factor``: L₀, or q's marginal sds
+            on its diagonal). ``True`` with a diagonal q is refused.
         num_leapfrog_steps: L, leapfrog steps per transition (1 = under-damped Langevin).
         integrator: ``"position_verlet"`` (default) or ``"velocity_verlet"`` (the paper's
             leapfrog); see :func:`~numpyro_uha.core.annealed_sample`.
@@ -798,6 +819,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         forward_mode_differentiation: bool = False,
         warm_start_device=None,
         progress_bar: bool = True,
+        dense_mass="auto",
     ):
         _check_int("K", K, 1)
         _check_int("num_leapfrog_steps", num_leapfrog_steps, 1)
@@ -809,6 +831,17 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             raise ValueError(
                 f"base_dist must be 'auto', 'diagonal' or 'cholesky', got {base_dist!r}."
             )
+        if not (isinstance(dense_mass, (bool, np.bool_)) or dense_mass == "auto"):
+            raise ValueError(
+                f"dense_mass must be 'auto', True or False, got {dense_mass!r}."
+            )
+        if dense_mass is True and base_dist == "diagonal":
+            raise ValueError(
+                "dense_mass=True needs a full-rank q (base_dist='cholesky', or 'auto' for "
+                "a model of at most 32 latent coordinates); a diagonal q's chain moves in "
+                "q's own standardized coordinates already."
+            )
+        self.dense_mass = dense_mass if dense_mass == "auto" else bool(dense_mass)
         max_step_size = _real("max_step_size", max_step_size)
         init_step_size = _default_init_step_size(init_step_size, max_step_size, 0.25)
         init_damping = _real("init_damping", init_damping)
@@ -1005,6 +1038,13 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             self.decentered_sites = ()
         if self.requested_base_dist == "auto":
             self.base_dist = "cholesky" if self._full_rank(self.latent_dim) else "diagonal"
+        if self._dense is True and self.base_dist != "cholesky":
+            raise ValueError(
+                f"UHAGuide: dense_mass=True needs a full-rank q, but this model has "
+                f"{self.latent_dim} latent coordinates, more than FULL_RANK_MAX_DIM = "
+                f"{FULL_RANK_MAX_DIM}, so base_dist='auto' gives a diagonal q: pass "
+                "base_dist='cholesky' as well (its cost grows as d² per leapfrog step)."
+            )
         self._model_param_sites = {
             name: site for name, site in self.prototype_trace.items() if site["type"] == "param"
         }
@@ -1108,7 +1148,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if lam is None or _is_tracer(lam):
             lam = jnp.asarray(jnp.nan, dtype)
         start = _start_arrays(
-            loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size, host=host
+            loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size, self._dense,
+            host=host,
         )
         with_ceiling = not _is_tracer(start["stability_ceiling"]) and bool(
             jnp.isfinite(start["stability_ceiling"])
@@ -1118,7 +1159,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             # the optimizer's units (_precondition.py): the start's mean and marginal sds,
             # or for a full-rank q its Cholesky factor (whitened coordinates)
             self._precondition = (
-                loc, start["mass_factor"] if self.base_dist == "cholesky"
+                loc, _whitening_factor(scale, host=host) if self.base_dist == "cholesky"
                 else start["stability_scale"],
             )
 
@@ -1413,12 +1454,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     vi_iterations=vi_iterations,
                     callback=callback,
                 )
-            out = fit, _curvature(oracle, fit.loc, fit.scale)
+            out = fit, _curvature(oracle, fit.loc, fit.scale, self._dense)
         else:
             log_weights = oracle_log_weights(
                 oracle, rng_key, loc, scale, START_ELBO_DRAWS, self._score_rows
             )
-            out = log_weights, _curvature(oracle, loc, scale)
+            out = log_weights, _curvature(oracle, loc, scale, self._dense)
         return out if oracle.step_device is None else to_default_device(out)
 
     def _setup_width(self, kind) -> int:
@@ -1442,7 +1483,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         dtype = jnp.result_type(float)
         signature = (
             kind, dim, str(dtype), full_rank, self.warm_start_steps,
-            float(self.warm_start_learning_rate), self._score_rows,
+            float(self.warm_start_learning_rate), self._score_rows, self._dense,
         )
 
         def rehearsal(oracle):
@@ -1459,16 +1500,22 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 loc, scale = out.loc, out.scale
                 _all_finite((loc, scale), host=True)
             start = _start_arrays(
-                loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size, host=True
+                loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size,
+                self._dense, host=True,
             )
             if full_rank:  # the Cholesky parameter's inverse transform (svi.init's)
-                _scale_corr_inverse(scale, start["mass_factor"], host=True)
+                _scale_corr_inverse(scale, _whitening_factor(scale, host=True), host=True)
             return start, _q_draw(key, loc, scale, host=True)  # the setup call's draw
 
         return precompile(
             signature, rehearsal, width=self._setup_width(kind),
             step_device=_step_device(self.warm_start_device),
         )
+
+    @property
+    def _dense(self):
+        """``dense_mass`` ("auto", True or False; "auto" for a guide pickled before it)."""
+        return getattr(self, "dense_mass", "auto")
 
     def _full_rank(self, dim) -> bool:
         if self.requested_base_dist == "auto":
@@ -3587,14 +3634,36 @@ def _probe_near_q(oracle, loc, scale, rows):
     return flat, ruled_out
 
 
-def _whitening_factor(scale):
-    """The factor P a full-rank q's chain moves by (u = P⁻¹ z: the mass factor,
-    AnnealingParams.mass_factor) and its parameters are standardized by
-    (_precondition.py): its start's Cholesky factor, or diag(marginal sds) where that is
-    not a valid factor (a diagonal entry not positive and finite); traceable."""
+def _whitening(scale):
+    """A full-rank q's whitening factor: its Cholesky factor, or diag(marginal sds) where
+    that is not a valid factor (a diagonal entry not positive and finite); traceable."""
     diag = jnp.diagonal(scale)
     valid = jnp.all(jnp.isfinite(scale)) & jnp.all(diag > 0)
     return jnp.where(valid, jnp.tril(scale), jnp.diag(_marginal_std(scale)))
+
+
+#: The factor a full-rank q's parameters are standardized by (_precondition.py): the
+#: start's :func:`_whitening`.
+_whitening_factor = small_jit()(_whitening)
+
+
+def _mass_factor(scale, dense):
+    """The factor P a full-rank q's chain moves by (u = P⁻¹ z, AnnealingParams.mass_factor):
+    its :func:`_whitening` (a dense mass matrix) where ``dense`` is True, or for "auto"
+    where q's correlation matrix C has 1 / λ_min(C) ≥ ``DENSE_MASS_MIN_CONDITION``; else
+    diag(q's marginal sds) (the diagonal mass: the same chain as in z with Σ^(1/2) = 1 / s).
+    ``dense`` is static; traceable."""
+    sds = _marginal_std(scale)
+    diagonal = jnp.diag(sds)
+    if dense is False:
+        return diagonal
+    whitening = _whitening(scale)
+    if dense is True:
+        return whitening
+    corr = whitening / sds[:, None]  # C = (S⁻¹ L)(S⁻¹ L)ᵀ
+    smallest = jnp.linalg.eigvalsh(corr @ corr.T)[0]
+    strong = jnp.isfinite(smallest) & (smallest * DENSE_MASS_MIN_CONDITION <= 1.0)
+    return jnp.where(strong, whitening, diagonal)
 
 
 def _marginal_std(scale):
@@ -3602,20 +3671,20 @@ def _marginal_std(scale):
     return jnp.sqrt(jnp.sum(scale**2, axis=-1)) if jnp.ndim(scale) == 2 else scale
 
 
-def _curvature(oracle, loc, scale):
+def _curvature(oracle, loc, scale, dense):
     """λ behind the step ceiling (see :func:`_start_arrays`): the largest of
     λ_max(Sᵀ H S) over q's mean and ``CURVATURE_DRAWS`` draws from q widened
     ``CURVATURE_WIDTH`` times (the curvature in q's tails can be several times that at
     its mean: hierarchical scales, heavy tails, noise scales) and
     λ_max(Sᵀ Σ_q⁻¹ S) (q's part of the bridge: 1 where S is q's own factor), in the
     coordinates the chain moves in: S = diag(s), s = q's marginal sds, for a diagonal q;
-    S = P, the mass factor (:func:`_whitening_factor`), for a full-rank one; by Lanczos
+    S = P, the mass factor (:func:`_mass_factor` with ``dense``), for a full-rank one; by Lanczos
     iterations (:func:`~numpyro_uha.core.warm_start.max_curvature`),
     all points' Hessian-vector products in one ``oracle`` call per iteration;
     traceable."""
     _, host = resolve_oracle(None, oracle, loc, scale)
-    points, s = _curvature_points(loc, scale, host=host)
-    return _curvature_max(max_curvature(None, points, s, oracle=oracle), scale, host=host)
+    points, s = _curvature_points(loc, scale, dense, host=host)
+    return _curvature_max(max_curvature(None, points, s, oracle=oracle), scale, dense, host=host)
 
 
 @small_jit()
@@ -3627,24 +3696,25 @@ def _q_draw(rng_key, loc, scale):
     return z, gaussian_logpdf(z, loc, scale)
 
 
-@small_jit()
-def _curvature_points(loc, scale):
+@small_jit(static_argnums=(2,))
+def _curvature_points(loc, scale, dense):
     """q's mean and widened draws from q, and the chain's units there (q's marginal sds,
-    or a full-rank q's mass factor)."""
+    or a full-rank q's mass factor): along the mass factor's columns, so that a dense
+    mass's points follow q's correlations (a diagonal one's, as before, do not)."""
     noise = jax.random.normal(jax.random.PRNGKey(0), (CURVATURE_DRAWS, loc.shape[-1]), loc.dtype)
     if scale.ndim == 2:
-        factor = _whitening_factor(scale)
+        factor = _mass_factor(scale, dense)
         return jnp.concatenate([loc[None], loc + CURVATURE_WIDTH * noise @ factor.T]), factor
     return jnp.concatenate([loc[None], loc + CURVATURE_WIDTH * noise * scale]), scale
 
 
-@small_jit()
-def _curvature_max(lams, scale):
+@small_jit(static_argnums=(2,))
+def _curvature_max(lams, scale, dense):
     lam = jnp.max(jnp.where(jnp.isfinite(lams), lams, 0.0))
     if scale.ndim == 2:
         # q's part in u = P⁻¹ z: the precision (P⁻¹ L)⁻ᵀ (P⁻¹ L)⁻¹, λ_max = ‖L⁻¹ P‖²
         within = jax.scipy.linalg.solve_triangular(
-            jnp.tril(scale), _whitening_factor(scale), lower=True
+            jnp.tril(scale), _mass_factor(scale, dense), lower=True
         )
         return jnp.maximum(lam, jnp.linalg.eigvalsh(within.T @ within)[-1])
     return jnp.maximum(lam, 1.0)
@@ -3663,8 +3733,8 @@ def _step_ceiling(values):
     return c / jnp.max(values["drift_scale"] / (values["momentum_scale"] * s))
 
 
-@small_jit(static_argnums=(3,))
-def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size):
+@small_jit(static_argnums=(3, 6))
+def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size, dense):
     """The start's derived arrays, in one small program (run eagerly, these few dozen
     operations would each be compiled on their own): the parameters' initial values
     that do not depend on the constructor's options, and the dynamics' fixed bounds:
@@ -3681,16 +3751,18 @@ def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size):
     thousands of steps cannot push the dynamics over that cliff. Not finite (no
     ceiling) where λ is not (``nan`` where the setup runs inside a JAX transform).
 
-    A full-rank q's chain moves in u = P⁻¹ z, P = ``mass_factor`` (q's Cholesky factor,
-    :func:`_whitening_factor`): a dense mass matrix. Every array above is then u's: q's
-    sds there are 1 (s = 1, Σ^(1/2) = 1), λ is that of Pᵀ H P, and the force bound that
-    of u's force. On a posterior correlated near ±1 the steps of a diagonal mass are
-    bounded by its narrowest direction (a diamonds-like regression: its ceiling on ε was
-    1.4·10⁻⁴ in q's marginal sds; in u it is 1.0); in u every direction is about as wide.
+    A full-rank q's chain moves in u = P⁻¹ z, P = ``mass_factor`` (:func:`_mass_factor`
+    with ``dense``): q's Cholesky factor (a dense mass matrix) or diag(q's marginal sds)
+    (the diagonal mass, the same chain as in z). Every array above is then u's: q's sds
+    there are 1 (s = 1, Σ^(1/2) = 1), λ is that of Pᵀ H P, and the force bound that of
+    u's force. On a posterior correlated near ±1 the steps of a diagonal mass are bounded
+    by its narrowest direction (a diamonds-like regression: its ceiling on ε was
+    1.4·10⁻⁴ in q's marginal sds; with the dense mass it is 1.0); in the whitened u every
+    direction is about as wide.
     """
     full_rank = scale.ndim == 2
     if full_rank:
-        factor = _whitening_factor(scale)
+        factor = _mass_factor(scale, dense)
         within = jax.scipy.linalg.solve_triangular(factor, jnp.tril(scale), lower=True)
         s = jnp.ones_like(loc)
     else:

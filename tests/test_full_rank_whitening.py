@@ -25,6 +25,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import optax
+import pytest
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer import SVI, Trace_ELBO
 
@@ -129,3 +130,58 @@ def test_training_keeps_the_bound_at_log_z():
     elbo, se = _bound(guide, result.params)
     assert elbo < 4 * se
     assert elbo > -0.1 - 4 * se, (elbo, se)
+
+
+def _first_step_bound(**options):
+    guide = UHAGuide(_model, K=8, **options)
+    svi = SVI(_model, guide, optax.adam(1e-2), Trace_ELBO())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        state = svi.init(jax.random.PRNGKey(0))
+    params = svi.get_params(state)
+    return guide, params, _bound(guide, params)
+
+
+def test_the_diagonal_mass_is_kept_on_request_and_loses_to_the_dense_one_here():
+    """dense_mass=False: the mass factor is diag(q's marginal sds) (the chain in z with a
+    diagonal mass) and its first-step bound is far below the dense mass's ("auto" here:
+    1 / λ_min of q's correlation matrix is 10⁴, above DENSE_MASS_MIN_CONDITION)."""
+    guide, params, (diagonal, diagonal_se) = _first_step_bound(dense_mass=False)
+    factor = np.asarray(params[guide._param_name("mass_factor")])
+    L0 = np.asarray(guide.initial_q[1])
+    np.testing.assert_allclose(factor, np.diag(np.sqrt(np.sum(L0**2, axis=1))), rtol=1e-5)
+    _, _, (dense, dense_se) = _first_step_bound()
+    assert dense - diagonal > 0.3 + 4 * np.hypot(dense_se, diagonal_se), (dense, diagonal)
+
+
+def _mildly_correlated():
+    cov = jnp.array([[1.0, 0.5, 0.2], [0.5, 2.0, 0.3], [0.2, 0.3, 0.5]])
+    numpyro.sample("z", dist.MultivariateNormal(jnp.zeros(3), cov))
+
+
+@pytest.mark.parametrize("dense_mass", ["auto", True])
+def test_auto_keeps_the_diagonal_mass_where_correlations_are_mild(dense_mass):
+    guide = UHAGuide(_mildly_correlated, K=2, warm_start_steps=200, dense_mass=dense_mass)
+    svi = SVI(_mildly_correlated, guide, optax.adam(1e-2), Trace_ELBO())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        params = svi.get_params(svi.init(jax.random.PRNGKey(0)))
+    factor = np.asarray(params[guide._param_name("mass_factor")])
+    L0 = np.asarray(guide.initial_q[1])
+    expected = np.tril(L0) if dense_mass is True else np.diag(np.sqrt(np.sum(L0**2, axis=1)))
+    np.testing.assert_allclose(factor, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_bad_dense_mass_values_are_refused_by_name():
+    with pytest.raises(ValueError, match="dense_mass must be 'auto', True or False"):
+        UHAGuide(_model, dense_mass="yes")
+    with pytest.raises(ValueError, match="dense_mass=True needs a full-rank q"):
+        UHAGuide(_model, dense_mass=True, base_dist="diagonal")
+
+    def wide():
+        numpyro.sample("z", dist.Normal(0.0, 1.0).expand([40]).to_event(1))
+
+    guide = UHAGuide(wide, K=2, dense_mass=True)  # base_dist "auto": diagonal at d = 40
+    svi = SVI(wide, guide, optax.adam(1e-2), Trace_ELBO())
+    with pytest.raises(ValueError, match="dense_mass=True needs a full-rank q, but this model has 40"):
+        svi.init(jax.random.PRNGKey(0))

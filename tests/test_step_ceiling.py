@@ -62,10 +62,10 @@ def _centred_schools():
 @pytest.fixture(scope="module")
 def setup():
     # the centred eight schools: where tau is small (q's tail, widened) the curvature of
-    # theta's prior is far above q's, and the ceiling (0.04 in q's whitened coordinates)
-    # is far below the default first step of 0.25. (A posterior correlated near ±1 had a
-    # low ceiling too while the chain's mass was diagonal; a full-rank q's chain now moves
-    # in its whitened coordinates, where that ceiling is 1.5.)
+    # theta's prior is far above q's, and the ceiling (0.06 in q's sds) is far below the
+    # default first step of 0.25. (A posterior correlated near ±1 has a low ceiling with a
+    # diagonal mass too, but there the chain moves in q's whitened coordinates, where that
+    # ceiling is 1.5: dense_mass="auto".)
     guide = UHAGuide(_centred_schools, K=4)
     svi = SVI(_centred_schools, guide, optax.adam(1e-3), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0))

@@ -128,3 +128,23 @@ def test_bad_mass_factors_are_refused_by_name():
             jax.random.split(jax.random.PRNGKey(0), 2), lambda z: -0.5 * jnp.sum(z**2, -1),
             params,
         )
+
+
+@pytest.mark.parametrize("integrator", INTEGRATORS)
+def test_a_diagonal_factor_is_the_chain_in_z_with_the_momentum_scaled(integrator):
+    """P = diag(p): u = z / p, so the chain with momentum scales m and force limit F (u's)
+    is the chain in z with momentum scales m / p and force limit F / p (the guide's
+    "diagonal mass" for a full-rank q, dense_mass=False)."""
+    params = random_params(9, full_rank=True, drift=True, force_limit=0.5)
+    p = jnp.array([0.5, 2.0, 1.3, 0.8])
+    in_u = params._replace(
+        mass_factor=jnp.diag(p), force_limit=params.force_limit * p,
+        # the bridge's log-scale slopes scale the rows of P⁻¹ L in u, those of L in z:
+        # the same matrix for a diagonal P
+    )
+    in_z = params._replace(momentum_scale=params.momentum_scale / p)
+    key = jax.random.PRNGKey(6)
+    z_u, log_w_u, _ = annealed_sample(key, gaussian_target, in_u, integrator=integrator)
+    z_z, log_w_z, _ = annealed_sample(key, gaussian_target, in_z, integrator=integrator)
+    np.testing.assert_allclose(z_u, z_z, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(log_w_u, log_w_z, rtol=1e-4, atol=1e-4)

@@ -708,8 +708,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             ``DENSE_MASS_MIN_CONDITION`` = 1000, where a diagonal mass's steps are ~30
             times shorter along the posterior's ridge), the diagonal one elsewhere (on the
             zoo's and hold-out set's models the dense mass gained nothing consistent).
-            The choice is stored with the fit (``mass_factor``: L₀, or q's marginal sds
-            on its diagonal). ``True`` with a diagonal q is refused.
+            The dense mass is stored with the fit (the never-learned ``mass_factor``
+            param, L₀); without it the chain is the diagonal mass's, as before the option
+            existed. ``True`` with a diagonal q is refused.
         num_leapfrog_steps: L, leapfrog steps per transition (1 = under-damped Langevin).
         integrator: ``"position_verlet"`` (default) or ``"velocity_verlet"`` (the paper's
             leapfrog); see :func:`~numpyro_uha.core.annealed_sample`.
@@ -1148,8 +1149,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         if lam is None or _is_tracer(lam):
             lam = jnp.asarray(jnp.nan, dtype)
         start = _start_arrays(
-            loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size, self._dense,
-            host=host,
+            loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size,
+            self._dense_for(scale), host=host,
         )
         with_ceiling = not _is_tracer(start["stability_ceiling"]) and bool(
             jnp.isfinite(start["stability_ceiling"])
@@ -1454,12 +1455,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     vi_iterations=vi_iterations,
                     callback=callback,
                 )
-            out = fit, _curvature(oracle, fit.loc, fit.scale, self._dense)
+            out = fit, _curvature(oracle, fit.loc, fit.scale, self._dense_for(fit.scale))
         else:
             log_weights = oracle_log_weights(
                 oracle, rng_key, loc, scale, START_ELBO_DRAWS, self._score_rows
             )
-            out = log_weights, _curvature(oracle, loc, scale, self._dense)
+            out = log_weights, _curvature(oracle, loc, scale, self._dense_for(scale))
         return out if oracle.step_device is None else to_default_device(out)
 
     def _setup_width(self, kind) -> int:
@@ -1501,7 +1502,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 _all_finite((loc, scale), host=True)
             start = _start_arrays(
                 loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size,
-                self._dense, host=True,
+                self._dense_for(scale), host=True,
             )
             if full_rank:  # the Cholesky parameter's inverse transform (svi.init's)
                 _scale_corr_inverse(scale, _whitening_factor(scale, host=True), host=True)
@@ -1516,6 +1517,21 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
     def _dense(self):
         """``dense_mass`` ("auto", True or False; "auto" for a guide pickled before it)."""
         return getattr(self, "dense_mass", "auto")
+
+    def _dense_for(self, scale) -> bool:
+        """Whether q's chain moves in its whitened coordinates (a dense mass), for q's
+        start ``scale``: never for a diagonal q; ``dense_mass`` where it is True or
+        False; for "auto", where q's correlation matrix C has 1 / λ_min(C) ≥
+        ``DENSE_MASS_MIN_CONDITION`` (decided on the host; a start traced under a JAX
+        transform keeps the diagonal mass). Without it the chain is the diagonal mass's,
+        exactly as it was before the dense mass existed (no mass factor)."""
+        if jnp.ndim(scale) != 2:
+            return False
+        if self._dense != "auto":
+            return bool(self._dense)
+        if _is_tracer(scale):
+            return False
+        return bool(_strongly_correlated(scale, host=True))
 
     def _full_rank(self, dim) -> bool:
         if self.requested_base_dist == "auto":
@@ -3647,23 +3663,14 @@ def _whitening(scale):
 _whitening_factor = small_jit()(_whitening)
 
 
-def _mass_factor(scale, dense):
-    """The factor P a full-rank q's chain moves by (u = P⁻¹ z, AnnealingParams.mass_factor):
-    its :func:`_whitening` (a dense mass matrix) where ``dense`` is True, or for "auto"
-    where q's correlation matrix C has 1 / λ_min(C) ≥ ``DENSE_MASS_MIN_CONDITION``; else
-    diag(q's marginal sds) (the diagonal mass: the same chain as in z with Σ^(1/2) = 1 / s).
-    ``dense`` is static; traceable."""
-    sds = _marginal_std(scale)
-    diagonal = jnp.diag(sds)
-    if dense is False:
-        return diagonal
+@small_jit()
+def _strongly_correlated(scale):
+    """Whether a full-rank q's correlation matrix C has 1 / λ_min(C) ≥
+    ``DENSE_MASS_MIN_CONDITION`` (``dense_mass="auto"``'s rule)."""
     whitening = _whitening(scale)
-    if dense is True:
-        return whitening
-    corr = whitening / sds[:, None]  # C = (S⁻¹ L)(S⁻¹ L)ᵀ
+    corr = whitening / _marginal_std(scale)[:, None]  # C = (S⁻¹ L)(S⁻¹ L)ᵀ
     smallest = jnp.linalg.eigvalsh(corr @ corr.T)[0]
-    strong = jnp.isfinite(smallest) & (smallest * DENSE_MASS_MIN_CONDITION <= 1.0)
-    return jnp.where(strong, whitening, diagonal)
+    return jnp.isfinite(smallest) & (smallest * DENSE_MASS_MIN_CONDITION <= 1.0)
 
 
 def _marginal_std(scale):
@@ -3678,7 +3685,7 @@ def _curvature(oracle, loc, scale, dense):
     its mean: hierarchical scales, heavy tails, noise scales) and
     λ_max(Sᵀ Σ_q⁻¹ S) (q's part of the bridge: 1 where S is q's own factor), in the
     coordinates the chain moves in: S = diag(s), s = q's marginal sds, for a diagonal q;
-    S = P, the mass factor (:func:`_mass_factor` with ``dense``), for a full-rank one; by Lanczos
+    S = P, q's whitening factor, where its chain has the dense mass (``dense``); by Lanczos
     iterations (:func:`~numpyro_uha.core.warm_start.max_curvature`),
     all points' Hessian-vector products in one ``oracle`` call per iteration;
     traceable."""
@@ -3702,21 +3709,24 @@ def _curvature_points(loc, scale, dense):
     or a full-rank q's mass factor): along the mass factor's columns, so that a dense
     mass's points follow q's correlations (a diagonal one's, as before, do not)."""
     noise = jax.random.normal(jax.random.PRNGKey(0), (CURVATURE_DRAWS, loc.shape[-1]), loc.dtype)
-    if scale.ndim == 2:
-        factor = _mass_factor(scale, dense)
+    if dense:
+        factor = _whitening(scale)
         return jnp.concatenate([loc[None], loc + CURVATURE_WIDTH * noise @ factor.T]), factor
-    return jnp.concatenate([loc[None], loc + CURVATURE_WIDTH * noise * scale]), scale
+    s = _marginal_std(scale)
+    return jnp.concatenate([loc[None], loc + CURVATURE_WIDTH * noise * s]), s
 
 
 @small_jit(static_argnums=(2,))
 def _curvature_max(lams, scale, dense):
     lam = jnp.max(jnp.where(jnp.isfinite(lams), lams, 0.0))
-    if scale.ndim == 2:
+    if dense:
         # q's part in u = P⁻¹ z: the precision (P⁻¹ L)⁻ᵀ (P⁻¹ L)⁻¹, λ_max = ‖L⁻¹ P‖²
-        within = jax.scipy.linalg.solve_triangular(
-            jnp.tril(scale), _mass_factor(scale, dense), lower=True
-        )
+        within = jax.scipy.linalg.solve_triangular(jnp.tril(scale), _whitening(scale), lower=True)
         return jnp.maximum(lam, jnp.linalg.eigvalsh(within.T @ within)[-1])
+    if scale.ndim == 2:
+        s = _marginal_std(scale)
+        prec = jnp.linalg.inv(scale @ scale.T)
+        return jnp.maximum(lam, jnp.linalg.eigvalsh(s[:, None] * prec * s[None, :])[-1])
     return jnp.maximum(lam, 1.0)
 
 
@@ -3751,28 +3761,26 @@ def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size, den
     thousands of steps cannot push the dynamics over that cliff. Not finite (no
     ceiling) where λ is not (``nan`` where the setup runs inside a JAX transform).
 
-    A full-rank q's chain moves in u = P⁻¹ z, P = ``mass_factor`` (:func:`_mass_factor`
-    with ``dense``): q's Cholesky factor (a dense mass matrix) or diag(q's marginal sds)
-    (the diagonal mass, the same chain as in z). Every array above is then u's: q's sds
-    there are 1 (s = 1, Σ^(1/2) = 1), λ is that of Pᵀ H P, and the force bound that of
-    u's force. On a posterior correlated near ±1 the steps of a diagonal mass are bounded
+    With ``dense`` (a full-rank q, ``UHAGuide._dense_for``) the chain moves in u = P⁻¹ z,
+    P = ``mass_factor``, q's Cholesky factor (a dense mass matrix). Every array above is
+    then u's: q's sds there are 1 (s = 1, Σ^(1/2) = 1), λ is that of Pᵀ H P, and the
+    force bound that of u's force. On a posterior correlated near ±1 the steps of a diagonal mass are bounded
     by its narrowest direction (a diamonds-like regression: its ceiling on ε was
     1.4·10⁻⁴ in q's marginal sds; with the dense mass it is 1.0); in the whitened u every
     direction is about as wide.
     """
-    full_rank = scale.ndim == 2
-    if full_rank:
-        factor = _mass_factor(scale, dense)
+    if dense:
+        factor = _whitening(scale)
         within = jax.scipy.linalg.solve_triangular(factor, jnp.tril(scale), lower=True)
         s = jnp.ones_like(loc)
     else:
-        within = s = _marginal_std(scale)
+        s, within = _marginal_std(scale), scale
     zeros = jnp.zeros_like(loc)
     ceiling = jnp.where(
         jnp.isfinite(lam) & (lam > 0), 2.0 * STABILITY_FRACTION / jnp.sqrt(lam), jnp.inf
     )
     init_step_size = jnp.asarray(init_step_size, loc.dtype)
-    extra = {"mass_factor": factor} if full_rank else {}
+    extra = {"mass_factor": factor} if dense else {}
     return {
         "step_size_slope": jnp.zeros((), loc.dtype),
         "momentum_scale": 1.0 / s,

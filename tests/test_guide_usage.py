@@ -494,8 +494,6 @@ def test_prefix_renames_params(base_dist, scale_name):
         for group in GROUPS.values()
         for short in group
     } | {"custom_diverged"}
-    if base_dist == "cholesky":  # a full-rank q's chain moves in its whitened coordinates
-        expected |= {"custom_mass_factor"}
     assert set(params) == expected
     assert not any(name.startswith("auto_") for name in params)
     assert isinstance(guide.get_annealing_params(params), AnnealingParams)

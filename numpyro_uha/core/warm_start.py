@@ -645,9 +645,10 @@ def _times(scale, v):
     return v @ scale.T if jnp.ndim(scale) == 2 else scale * v
 
 
-def _times_transposed(scale, w):
-    """Sᵀ w for rows ``w`` (n, d), S as in :func:`_times`."""
-    return w @ scale if jnp.ndim(scale) == 2 else scale * w
+def _minus_times_transposed(scale, w):
+    """−Sᵀ w for rows ``w`` (n, d), S as in :func:`_times` (for a vector, ``-scale * w``:
+    the arithmetic, and so the rounding, of the diagonal case as it always was)."""
+    return -(w @ scale) if jnp.ndim(scale) == 2 else -scale * w
 
 
 @small_jit()
@@ -662,7 +663,7 @@ def _lanczos_step(carry, hv, scale, j):
     α and β, so its estimate stays. Returns the carry, the next inputs S v_(j+1), and the estimates."""
     v_prev, v, alpha, beta, done = carry
     iters = alpha.shape[-1]
-    w = -_times_transposed(scale, hv)
+    w = _minus_times_transposed(scale, hv)
     a = jnp.sum(v * w, axis=-1)
     b_prev = jnp.where(j > 0, jnp.take(beta, jnp.maximum(j - 1, 0), axis=-1), 0.0)
     w = w - a[:, None] * v - b_prev[:, None] * v_prev

@@ -133,8 +133,8 @@ def test_bad_mass_factors_are_refused_by_name():
 @pytest.mark.parametrize("integrator", INTEGRATORS)
 def test_a_diagonal_factor_is_the_chain_in_z_with_the_momentum_scaled(integrator):
     """P = diag(p): u = z / p, so the chain with momentum scales m and force limit F (u's)
-    is the chain in z with momentum scales m / p and force limit F / p (the guide's
-    "diagonal mass" for a full-rank q, dense_mass=False)."""
+    is the chain in z with momentum scales m / p and force limit F / p: a diagonal mass
+    factor only rescales the coordinates."""
     params = random_params(9, full_rank=True, drift=True, force_limit=0.5)
     p = jnp.array([0.5, 2.0, 1.3, 0.8])
     in_u = params._replace(

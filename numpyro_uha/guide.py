@@ -3157,9 +3157,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             "1e-2 was used, 1e-4 where 1e-3 was). If UHA is below q already "
             "before training and a smaller rate does not help, its leapfrog steps are "
             "too large for this posterior (a strongly correlated one with a diagonal "
-            "q, whose momentum's scales are per coordinate: base_dist='cholesky' moves "
-            "the chain in q's whitened coordinates): pass init_step_size at half (or less) of the "
-            "first step it uses now, guide.get_annealing_params(params).step_sizes[0].",
+            "mass, whose momentum's scales are per coordinate: base_dist='cholesky' "
+            "with dense_mass=True moves the chain in q's whitened coordinates): pass "
+            "init_step_size at half (or less) of the first step it uses now, "
+            "guide.get_annealing_params(params).step_sizes[0].",
             UHAWorseThanStartWarning,
             stacklevel=stacklevel + 1,
         )
@@ -3764,10 +3765,10 @@ def _start_arrays(loc, scale, lam, num_betas, init_step_size, max_step_size, den
     With ``dense`` (a full-rank q, ``UHAGuide._dense_for``) the chain moves in u = P⁻¹ z,
     P = ``mass_factor``, q's Cholesky factor (a dense mass matrix). Every array above is
     then u's: q's sds there are 1 (s = 1, Σ^(1/2) = 1), λ is that of Pᵀ H P, and the
-    force bound that of u's force. On a posterior correlated near ±1 the steps of a diagonal mass are bounded
-    by its narrowest direction (a diamonds-like regression: its ceiling on ε was
-    1.4·10⁻⁴ in q's marginal sds; with the dense mass it is 1.0); in the whitened u every
-    direction is about as wide.
+    force bound that of u's force. On a posterior correlated near ±1 the steps of a
+    diagonal mass are bounded by its narrowest direction (a diamonds-like regression: its
+    ceiling on ε was 1.4·10⁻⁴ in q's marginal sds; with the dense mass it is 1.0); in the
+    whitened u every direction is about as wide.
     """
     if dense:
         factor = _whitening(scale)

@@ -116,6 +116,7 @@ from numpyro_uha.core.sharding import (
 from numpyro_uha.core.warm_start import (
     HVP_ROWS,
     difference_oracle,
+    laplace_close,
     loss_decrease,
     max_curvature,
     oracle_log_weights,
@@ -168,6 +169,25 @@ FULL_RANK_MAX_DIM = 32
 #: (1 / λ_min 1 to 121) no consistent gain, −0.42 to +0.10 nats (nested plates, 58: −0.34
 #: to −0.42 on three seeds), so those keep the diagonal mass.
 DENSE_MASS_MIN_CONDITION = 1000.0
+
+#: ``dense_mass="auto"`` also takes the dense mass from 1 / λ_min(C) at least this where
+#: the start q is already close to the posterior (``DENSE_MASS_CLOSE_KL``). The mass
+#: factor is the start's Cholesky factor, fixed in training: where q is already close,
+#: it is the posterior's whitening; where training still has far to move q, it goes
+#: stale. Measured (the twenty-first hunt, docs/zoo.md; Adam 1e-3 and 1e-2, trained bound,
+#: dense minus diagonal): six moderately correlated models (1 / λ_min 27 to 795, the start
+#: q's KL to the posterior 0.01 to 0.2 nats) +0.01 to +0.08 nats in all twelve runs, and
+#: UHA at the setup's parameters no longer below q (0.09 to 0.15 nats below it with the
+#: diagonal mass on four of them); against that, nested plates (58, KL ≈ 11 nats) and
+#: varying slopes (118, KL ≈ 80) lost with the dense mass (-0.42 to -0.03), and keep the
+#: diagonal one under this rule.
+DENSE_MASS_CLOSE_CONDITION = 20.0
+
+#: "Close" for ``DENSE_MASS_CLOSE_CONDITION``: the start q's log weights put its
+#: KL(q‖p) within this many nats (:func:`~numpyro_uha.core.warm_start.laplace_close`, the
+#: warm start's own test: half their variance plus two standard errors, and the
+#: importance-weighted bound's gap).
+DENSE_MASS_CLOSE_KL = 0.5
 
 #: Draws from q (besides its mean) where the stability ceiling's curvature is taken: with
 #: the mean, 65 points, whose central differences are 130 rows, six calls of the
@@ -1071,6 +1091,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         self._auto_batch_size = self._start_data = None
         arrays, spec = _split_static((args, kwargs), self._hold_data)
         lam = None  # the curvature behind the step ceiling (see _start_arrays)
+        start_log_weights = None  # the start q's, where it was scored (_dense_for)
         host = not _is_tracer((arrays, model_params, init_loc))
         if host:
             self._completion = self._masked_flat_entries(init_loc, arrays, spec, model_params)
@@ -1086,6 +1107,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             )
             if not _is_tracer(log_weights):
                 self._start_elbo = _mean_and_se(log_weights)
+                start_log_weights = log_weights
         elif self.warm_start_steps > 0:
             fit, lam = self._run_setup(
                 "warm_start", numpyro.prng_key(), init_loc,
@@ -1100,6 +1122,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 loc, scale = fit.loc, fit.scale
                 preconditioned = True
                 self._start_elbo = _mean_and_se(fit.log_weights)
+                start_log_weights = fit.log_weights
                 losses = np.asarray(fit.losses)
                 tail = losses[-2 * max(1, losses.shape[0] // 10):]
                 if not bool(fit.converged) and not np.all(np.isfinite(tail)):
@@ -1150,7 +1173,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             lam = jnp.asarray(jnp.nan, dtype)
         start = _start_arrays(
             loc, scale, lam, self.K + 1, self.init_step_size, self.max_step_size,
-            self._dense_for(scale), host=host,
+            self._dense_for(scale, start_log_weights), host=host,
         )
         with_ceiling = not _is_tracer(start["stability_ceiling"]) and bool(
             jnp.isfinite(start["stability_ceiling"])
@@ -1455,12 +1478,14 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     vi_iterations=vi_iterations,
                     callback=callback,
                 )
-            out = fit, _curvature(oracle, fit.loc, fit.scale, self._dense_for(fit.scale))
+            out = fit, _curvature(
+                oracle, fit.loc, fit.scale, self._dense_for(fit.scale, fit.log_weights)
+            )
         else:
             log_weights = oracle_log_weights(
                 oracle, rng_key, loc, scale, START_ELBO_DRAWS, self._score_rows
             )
-            out = log_weights, _curvature(oracle, loc, scale, self._dense_for(scale))
+            out = log_weights, _curvature(oracle, loc, scale, self._dense_for(scale, log_weights))
         return out if oracle.step_device is None else to_default_device(out)
 
     def _setup_width(self, kind) -> int:
@@ -1518,20 +1543,30 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         """``dense_mass`` ("auto", True or False; "auto" for a guide pickled before it)."""
         return getattr(self, "dense_mass", "auto")
 
-    def _dense_for(self, scale) -> bool:
+    def _dense_for(self, scale, log_weights=None) -> bool:
         """Whether q's chain moves in its whitened coordinates (a dense mass), for q's
-        start ``scale``: never for a diagonal q; ``dense_mass`` where it is True or
-        False; for "auto", where q's correlation matrix C has 1 / λ_min(C) ≥
-        ``DENSE_MASS_MIN_CONDITION`` (decided on the host; a start traced under a JAX
-        transform keeps the diagonal mass). Without it the chain is the diagonal mass's,
-        exactly as it was before the dense mass existed (no mass factor)."""
+        start ``scale`` and the log weights it was scored by (``log_weights``; ``None``:
+        not scored): never for a diagonal q; ``dense_mass`` where it is True or False;
+        for "auto", where q's correlation matrix C has 1 / λ_min(C) ≥
+        ``DENSE_MASS_MIN_CONDITION``, or ≥ ``DENSE_MASS_CLOSE_CONDITION`` with the start
+        within ``DENSE_MASS_CLOSE_KL`` nats of the posterior (decided on the host; a
+        start traced under a JAX transform keeps the diagonal mass). Without it the
+        chain is the diagonal mass's, exactly as it was before the dense mass existed
+        (no mass factor)."""
         if jnp.ndim(scale) != 2:
             return False
         if self._dense != "auto":
             return bool(self._dense)
-        if _is_tracer(scale):
+        if _is_tracer((scale, log_weights)):
             return False
-        return bool(_strongly_correlated(scale, host=True))
+        condition = float(_inverse_smallest_correlation(scale, host=True))
+        if condition >= DENSE_MASS_MIN_CONDITION:
+            return True
+        return (
+            condition >= DENSE_MASS_CLOSE_CONDITION
+            and log_weights is not None
+            and laplace_close(log_weights, DENSE_MASS_CLOSE_KL)
+        )
 
     def _full_rank(self, dim) -> bool:
         if self.requested_base_dist == "auto":
@@ -3665,13 +3700,14 @@ _whitening_factor = small_jit()(_whitening)
 
 
 @small_jit()
-def _strongly_correlated(scale):
-    """Whether a full-rank q's correlation matrix C has 1 / λ_min(C) ≥
-    ``DENSE_MASS_MIN_CONDITION`` (``dense_mass="auto"``'s rule)."""
+def _inverse_smallest_correlation(scale):
+    """1 / λ_min(C) for a full-rank q's correlation matrix C (``dense_mass="auto"``'s
+    measure of how correlated its start is; inf where λ_min is not positive and finite)."""
     whitening = _whitening(scale)
     corr = whitening / _marginal_std(scale)[:, None]  # C = (S⁻¹ L)(S⁻¹ L)ᵀ
     smallest = jnp.linalg.eigvalsh(corr @ corr.T)[0]
-    return jnp.isfinite(smallest) & (smallest * DENSE_MASS_MIN_CONDITION <= 1.0)
+    inverse = jnp.where(smallest > 0, 1.0 / smallest, jnp.inf)
+    return jnp.where(jnp.isfinite(smallest), inverse, jnp.nan)
 
 
 def _marginal_std(scale):

@@ -726,8 +726,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             chooses the dense mass where the start's correlations are strong (1 / the
             smallest eigenvalue of its correlation matrix at least
             ``DENSE_MASS_MIN_CONDITION`` = 1000, where a diagonal mass's steps are ~30
-            times shorter along the posterior's ridge), the diagonal one elsewhere (on the
-            zoo's and hold-out set's models the dense mass gained nothing consistent).
+            times shorter along the posterior's ridge), or moderate (at least
+            ``DENSE_MASS_CLOSE_CONDITION`` = 20) with the start q already within
+            ``DENSE_MASS_CLOSE_KL`` = 0.5 nats of the posterior (the warm start's
+            Laplace-closeness test on its log weights), the diagonal one elsewhere (on
+            the zoo's and hold-out set's models, whose correlations are milder or whose
+            starts are far from the posterior, the dense mass gained nothing consistent).
             The dense mass is stored with the fit (the never-learned ``mass_factor``
             param, L₀); without it the chain is the diagonal mass's, as before the option
             existed. ``True`` with a diagonal q is refused.

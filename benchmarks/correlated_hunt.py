@@ -15,6 +15,7 @@ cached in ``benchmarks/reference/correlated_nuts/<model>.npz``.
 
     python -m benchmarks.correlated_hunt                      # every model, 1e-3 and 1e-2
     python -m benchmarks.correlated_hunt --models logistic_raw --dense False True
+    python -m benchmarks.correlated_hunt --smoke
 """
 
 from __future__ import annotations
@@ -147,7 +148,11 @@ def main(argv=None):
     parser.add_argument("--dense", nargs="+", default=["False", "True"], choices=list(DENSE))
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--name", default="correlated_hunt")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one model, one rate, 20 steps: checks the plumbing only")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.models, args.lrs, args.dense, args.steps = ["exp_decay"], [1e-2], ["auto"], 20
     payload = {"steps": args.steps, "references": {}, "runs": []}
     for name in args.models:
         moments, payload["references"][name] = reference(name, *MODELS[name])

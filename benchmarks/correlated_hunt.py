@@ -16,6 +16,8 @@ cached in ``benchmarks/reference/correlated_nuts/<model>.npz``.
     python -m benchmarks.correlated_hunt                      # every model, 1e-3 and 1e-2
     python -m benchmarks.correlated_hunt --models logistic_raw --dense False True
     python -m benchmarks.correlated_hunt --smoke
+    python -m benchmarks.correlated_hunt --models redundant40 collinear40_90 random_walk50 \
+        --dense auto --base-dist auto cholesky --name correlated_wide   # d > 32
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from numpyro.infer import MCMC, NUTS, SVI, Trace_ELBO
 
 import numpyro_uha.guide as uha_guide
 from benchmarks.common import write_results
-from benchmarks.correlated_models import MODELS
+from benchmarks.correlated_models import MODELS, WIDE
 from benchmarks.zoo import fit_checks, moment_errors
 from numpyro_uha import UHAGuide
 from numpyro_uha.evaluation import log_z_from_weights, psis_khat
@@ -79,14 +81,17 @@ def _bound(guide, key, params, args):
     return weighted, est.elbo, est.elbo_se, float(psis_khat(finite)), int(lw.size - finite.size)
 
 
-def run_one(name, lr, dense, steps, moments):
-    model, args = MODELS[name]
-    rec = {"model": name, "lr": lr, "dense_mass": str(dense), "steps": steps}
+ALL = {**MODELS, **WIDE}
+
+
+def run_one(name, lr, dense, steps, moments, base_dist="auto"):
+    model, args = ALL[name]
+    rec = {"model": name, "lr": lr, "dense_mass": str(dense), "base_dist": base_dist, "steps": steps}
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as log:
         warnings.simplefilter("always")
         try:
-            guide = UHAGuide(model, dense_mass=dense)
+            guide = UHAGuide(model, dense_mass=dense, base_dist=base_dist)
             svi = SVI(model, guide, optax.adam(lr), Trace_ELBO())
             state = svi.init(jax.random.PRNGKey(0), *args)
             params0 = svi.get_params(state)
@@ -118,18 +123,18 @@ def _f(x, digits=2):
 
 def render(payload) -> str:
     lines = [
-        "| model | lr | dense_mass | mass | 1/λ_min | start q ELBO (½ var) | UHA at setup | trained | k̂ "
+        "| model | lr | base_dist | dense_mass | mass | 1/λ_min | start q ELBO (½ var) | UHA at setup | trained | k̂ "
         "| max \\|Δmean\\|/sd | \\|log sd ratio\\| | right | warnings |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in payload["runs"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['lr']:g} | {r['dense_mass']} | error: {r['error']} |"
-                         + " |" * 9)
+            lines.append(f"| {r['model']} | {r['lr']:g} | {r.get('base_dist', 'auto')} | {r['dense_mass']} "
+                         f"| error: {r['error']} |" + " |" * 9)
             continue
-        ref = payload["references"][r["model"]]
         lines.append(
-            f"| {r['model']} | {r['lr']:g} | {r['dense_mass']} | {'dense' if r['dense'] else 'diagonal'} "
+            f"| {r['model']} | {r['lr']:g} | {r.get('base_dist', 'auto')} | {r['dense_mass']} "
+            f"| {'dense' if r['dense'] else 'diagonal'} "
             f"| {_f(r['inv_lambda_min'], 1)} | {r['start_elbo']:.3f} ({r['start_half_var']:.3f}) "
             f"| {r['setup_bound']:.3f} ± {r['setup_se']:.3f} | {r['bound']:.3f} ± {r['se']:.3f} "
             f"| {r['khat']:.2f} | {_f(r.get('max_mean_err'))} | {_f(r.get('mean_log_sd_ratio'))} "
@@ -143,9 +148,11 @@ def render(payload) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(ALL),
+                        help="default: the twelve of MODELS; WIDE's three (d > 32) by name")
     parser.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 1e-2])
     parser.add_argument("--dense", nargs="+", default=["False", "True"], choices=list(DENSE))
+    parser.add_argument("--base-dist", nargs="+", default=["auto"], choices=["auto", "cholesky", "diagonal"])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--name", default="correlated_hunt")
     parser.add_argument("--smoke", action="store_true",
@@ -155,12 +162,15 @@ def main(argv=None):
         args.models, args.lrs, args.dense, args.steps = ["exp_decay"], [1e-2], ["auto"], 20
     payload = {"steps": args.steps, "references": {}, "runs": []}
     for name in args.models:
-        moments, payload["references"][name] = reference(name, *MODELS[name])
+        moments, payload["references"][name] = reference(name, *ALL[name])
         for lr in args.lrs:
-            for dense in args.dense:
-                rec = run_one(name, lr, DENSE[dense], args.steps, moments)
-                print(json.dumps(rec), flush=True)
-                payload["runs"].append(rec)
+            for base_dist in args.base_dist:
+                for dense in args.dense:
+                    if DENSE[dense] is True and base_dist == "diagonal":
+                        continue
+                    rec = run_one(name, lr, DENSE[dense], args.steps, moments, base_dist)
+                    print(json.dumps(rec), flush=True)
+                    payload["runs"].append(rec)
         write_results(args.name, payload, render(payload))
     print(write_results(args.name, payload, render(payload)))
 

@@ -200,3 +200,62 @@ def weibull(age, t, censored):
     with numpyro.plate("n", t.shape[0]):
         numpyro.sample("t", d.mask(~censored), obs=t)
         numpyro.factor("cens", jnp.where(censored, -((t / scale) ** k), 0.0))
+
+
+# ---------------------------------------------------------------------------------------
+# WIDE: more than FULL_RANK_MAX_DIM = 32 coordinates, where base_dist="auto" gives a
+# diagonal q (run with --models ... --base-dist auto cholesky).
+WIDE = {}
+
+_wide_rng = np.random.default_rng(33)
+
+
+def _collinear_wide(rho, n=200, p=40):
+    cov = rho * np.ones((p, p)) + (1 - rho) * np.eye(p)
+    X = _wide_rng.multivariate_normal(np.zeros(p), cov, n)
+    X = (X - X.mean(0)) / X.std(0)
+    beta = _wide_rng.normal(0, 0.3, p)
+    y = 0.5 + X @ beta + _wide_rng.normal(0, 1.0, n)
+    return jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
+
+
+def linreg(X, y):
+    a = numpyro.sample("alpha", dist.Normal(0, 5))
+    beta = numpyro.sample("beta", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.Exponential(1.0))
+    with numpyro.plate("n", X.shape[0]):
+        numpyro.sample("y", dist.Normal(a + X @ beta, sigma), obs=y)
+
+
+WIDE["collinear40_90"] = (linreg, _collinear_wide(0.9))
+
+# random walk (centred) latent trend, Gaussian observations, 50 steps
+_T = 50
+_trend = np.cumsum(_wide_rng.normal(0, 0.3, _T))
+_yrw = _trend + _wide_rng.normal(0, 0.5, _T)
+
+
+def random_walk(y):
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    x = numpyro.sample("x", dist.GaussianRandomWalk(s, y.shape[0]))
+    with numpyro.plate("t", y.shape[0]):
+        numpyro.sample("y", dist.Normal(x, 0.5), obs=y)
+
+
+WIDE["random_walk50"] = (random_walk, (jnp.asarray(_yrw, jnp.float32),))
+
+# intercept + 40 unpooled group effects, wide priors
+_g = np.repeat(np.arange(40), 5)
+_yg = 3.0 + _wide_rng.normal(0, 1, 40)[_g] + _wide_rng.normal(0, 1, _g.size)
+
+
+def redundant40(g, y):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    with numpyro.plate("groups", 40):
+        a = numpyro.sample("a", dist.Normal(0, 10))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu + a[g], sigma), obs=y)
+
+
+WIDE["redundant40"] = (redundant40, (jnp.asarray(_g), jnp.asarray(_yg, jnp.float32)))

@@ -98,7 +98,7 @@ from numpyro_uha.core import (
     annealed_sample,
     betas_from_logits,
     check_integrator,
-    gaussian_logpdf,
+    gaussian_logpdf_of_draw,
     gaussian_sample,
     step_sizes_from_beta,
     step_sizes_under_ceiling,
@@ -1190,6 +1190,27 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 loc, _whitening_factor(scale, host=host) if self.base_dist == "cholesky"
                 else start["stability_scale"],
             )
+            if self.base_dist == "cholesky" and not _is_tracer(scale):
+                self._check_factor_invertible(scale)
+
+    def _check_factor_invertible(self, scale):
+        """A clear error where q's start Cholesky factor cannot be inverted at its dtype:
+        the optimizer's coordinates of ``{prefix}_scale_tril`` (whitened by that factor,
+        ``_precondition.py``) would be NaN, and ``svi.init`` would hand SVI NaN
+        parameters without a word."""
+        u = _scale_corr_inverse(scale, self._precondition[1], host=True)
+        if bool(_all_finite(u, host=True)):
+            return
+        factor = np.asarray(scale, np.float64)
+        condition = float(np.linalg.cond(np.tril(factor))) if np.all(np.isfinite(factor)) else np.inf
+        raise FloatingPointError(
+            f"UHAGuide: q's start Cholesky factor ('{self._param_name('scale')}', "
+            f"{factor.shape[0]} × {factor.shape[0]}, condition number {condition:.3g}) "
+            f"cannot be inverted in {np.asarray(scale).dtype}, so its optimizer "
+            "coordinates would be NaN. Where it came from init_from, refit that guide or "
+            "pass a better-conditioned q; otherwise pass base_dist='diagonal', or run in "
+            "float64 (jax.config.update('jax_enable_x64', True))."
+        )
 
     def _initial_values(self, loc, scale, start, preconditioned, with_ceiling) -> dict:
         """The parameters' initial values from q's ``loc`` and ``scale`` and the
@@ -3740,8 +3761,8 @@ def _q_draw(rng_key, loc, scale):
     """A draw from q = N(loc, scale) and its log density: the setup call's (see
     ``UHAGuide._latent_and_model_params``), the chain's start for the same key (the
     stream :func:`~numpyro_uha.core.annealed_sample` starts from)."""
-    z = gaussian_sample(_start_noise(rng_key, loc.shape[-1], loc.dtype), loc, scale)
-    return z, gaussian_logpdf(z, loc, scale)
+    noise = _start_noise(rng_key, loc.shape[-1], loc.dtype)
+    return gaussian_sample(noise, loc, scale), gaussian_logpdf_of_draw(noise, loc, scale)
 
 
 @small_jit(static_argnums=(2,))

@@ -24,6 +24,7 @@ from numpyro_uha.core.gaussian import (
     bridge_gaussian,
     gaussian_grad_logpdf,
     gaussian_logpdf,
+    gaussian_logpdf_of_draw,
     gaussian_sample,
 )
 from numpyro_uha.core.integrators import (
@@ -59,6 +60,7 @@ __all__ = [
     "gaussian_log_weights",
     "gaussian_grad_logpdf",
     "gaussian_logpdf",
+    "gaussian_logpdf_of_draw",
     "gaussian_sample",
     "hais_sample",
     "hais_sample_rows",

@@ -45,6 +45,7 @@ from numpyro_uha.core.gaussian import (
     bridge_gaussian,
     gaussian_grad_logpdf,
     gaussian_logpdf,
+    gaussian_logpdf_of_draw,
     gaussian_sample,
 )
 from numpyro_uha.core.integrators import (
@@ -465,7 +466,7 @@ def _forward(
     init_noise, momentum_noise, refresh_noises, uniforms = noise
     loc, scale = params.loc, params.scale
     z_init = gaussian_sample(init_noise, loc, scale)
-    log_q_initial = gaussian_logpdf(z_init, loc, scale)
+    log_q_initial = gaussian_logpdf_of_draw(init_noise, loc, scale)
     check_integrator(integrator)
     deferred = deferred and integrator == "position_verlet" and not corrected
     # with a mass factor P the chain moves u = P⁻¹ z (its target log p̄(P u)); the draws,

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from numpyro_uha.core.batching import batched_map
-from numpyro_uha.core.gaussian import gaussian_logpdf, gaussian_sample
+from numpyro_uha.core.gaussian import gaussian_logpdf_of_draw, gaussian_sample
 
 __all__ = ["GaussianFit", "gaussian_elbo", "gaussian_log_weights", "fit_gaussian"]
 
@@ -60,7 +60,7 @@ def gaussian_log_weights(
 
     def one(eps):
         z = gaussian_sample(eps, loc, scale)
-        return logdensity_fn(z) - gaussian_logpdf(z, loc, scale)
+        return logdensity_fn(z) - gaussian_logpdf_of_draw(eps, loc, scale)
 
     if batch_size is None:
         return jax.vmap(one)(noise)

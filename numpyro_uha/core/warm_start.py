@@ -100,7 +100,7 @@ import optax
 
 from numpyro_uha.core import executables
 from numpyro_uha.core.batching import aval_key
-from numpyro_uha.core.gaussian import gaussian_logpdf, gaussian_sample
+from numpyro_uha.core.gaussian import gaussian_logpdf_of_draw, gaussian_sample
 from numpyro_uha.core.vi import _raw_to_scale, _scale_to_raw
 
 __all__ = [
@@ -1091,7 +1091,7 @@ def _vi_step(carry, values, grads, i, starts_scales, steps_and_rate):
         def one(loc, raw, g, value):
             scale = _raw_to_scale(raw)
             us = jax.vmap(lambda e: gaussian_sample(e, loc, scale))(noise)
-            log_q = jax.vmap(lambda u: gaussian_logpdf(u, loc, scale))(us)
+            log_q = jax.vmap(lambda e: gaussian_logpdf_of_draw(e, loc, scale))(noise)
             surrogate = -jnp.mean(jnp.sum(jax.lax.stop_gradient(g) * us, axis=-1) - log_q)
             return surrogate, -jnp.mean(value - log_q)
 
@@ -1136,19 +1136,20 @@ def _fit_starts(oracle, host, key, starts, scales, unit_scales, full_rank, num_s
 # ------------------------------------------------------------------------ scoring
 @small_jit(static_argnums=(3, 4))
 def _score_points(key, loc, scale, num_draws, rows):
-    """``num_draws`` draws from q (gaussian_log_weights's with the same key), in chunks
-    of ``rows`` (the missing rows of the last chunk copies of the first draws)."""
+    """The noise of ``num_draws`` draws from q (gaussian_log_weights's with the same
+    key), and the draws in chunks of ``rows`` (the missing rows of the last chunk copies
+    of the first draws)."""
     noise = jax.random.normal(key, (num_draws, loc.shape[-1]), loc.dtype)
     zs = jax.vmap(lambda e: gaussian_sample(e, loc, scale))(noise)
     num = -(-num_draws // rows)
     padded = jnp.resize(zs, (num * rows, zs.shape[-1]))
-    return zs, padded.reshape(num, rows, -1)
+    return noise, padded.reshape(num, rows, -1)
 
 
 @small_jit()
-def _score_finish(values, zs, loc, scale):
-    values = values[: zs.shape[0]]
-    return values - jax.vmap(lambda z: gaussian_logpdf(z, loc, scale))(zs)
+def _score_finish(values, noise, loc, scale):
+    values = values[: noise.shape[0]]
+    return values - jax.vmap(lambda e: gaussian_logpdf_of_draw(e, loc, scale))(noise)
 
 
 def oracle_log_weights(
@@ -1159,7 +1160,7 @@ def oracle_log_weights(
     :func:`~numpyro_uha.core.gaussian_log_weights` with the same key), evaluated
     ``rows`` at a time by ``oracle``."""
     oracle, host = resolve_oracle(None, oracle, rng_key, loc, scale)
-    zs, chunks = _score_points(rng_key, loc, scale, num_draws, rows, host=host)
+    noise, chunks = _score_points(rng_key, loc, scale, num_draws, rows, host=host)
     num = chunks.shape[0]
 
     def body(c, values):
@@ -1167,7 +1168,7 @@ def oracle_log_weights(
 
     xp = jnp if host is False else np  # constants built by NumPy: no eager programs
     values = _loop(host, num, body, xp.zeros(num * rows, loc.dtype))
-    return _score_finish(values, zs, loc, scale, host=host)
+    return _score_finish(values, noise, loc, scale, host=host)
 
 
 # --------------------------------------------------------------------- warm start
@@ -1400,7 +1401,26 @@ def warm_start(
         fits, starts, scales, full_rank, max(1, num_steps // 10), host=host
     )
     log_weights = oracle_log_weights(oracle, score_key, loc, scale, num_score_draws, rows)
+    if lap_weights is not None and vi_iterations is None and bool(
+        _laplace_better(lap_weights, log_weights, host=host)
+    ):
+        # the VI made its starts worse (noisy steps on d(d+1)/2 factor entries at
+        # large d): the Laplace q as it is, as where it was close enough to skip the VI
+        lap_loc, lap_scale = _laplace_q(starts, scales, unit_scales, full_rank, host=host)
+        return WarmStart(
+            lap_loc, lap_scale, np.zeros((0,), init_loc.dtype), np.int32(2),
+            lap_weights, np.bool_(True),
+        )
     return WarmStart(loc, scale, losses, best, log_weights, converged)
+
+
+@small_jit()
+def _laplace_better(laplace_weights, fit_weights):
+    """Whether the Laplace q's ELBO estimate beats the kept fit's: their mean log
+    weights at the same noise (the same ``score_key`` and number of draws), every weight
+    finite; a non-finite fit's weights count as −∞."""
+    fit = jnp.where(jnp.all(jnp.isfinite(fit_weights)), jnp.mean(fit_weights), -jnp.inf)
+    return jnp.all(jnp.isfinite(laplace_weights)) & (jnp.mean(laplace_weights) > fit)
 
 
 # -------------------------------------------------------------- compile in advance

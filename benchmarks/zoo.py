@@ -72,8 +72,9 @@ SETS = {
 GUIDES = ("UHAGuide", "AutoNormal", "AutoMultivariateNormal", "AutoDAIS")
 #: Variants run only when named in ``--guides``: ``UHAGuide_centered`` is UHAGuide at its
 #: defaults but ``decenter=False`` (the model's own coordinates), the before row of the
-#: automatic non-centering.
-ABLATIONS = ("UHAGuide_centered",)
+#: automatic non-centering; ``UHAGuide_cholesky`` is UHAGuide at its defaults but
+#: ``base_dist="cholesky"`` (a full-rank q at any dimension).
+ABLATIONS = ("UHAGuide_centered", "UHAGuide_cholesky")
 MAX_RHAT = 1.01
 MIN_ESS = 400
 MEAN_TOL = 0.5
@@ -229,6 +230,8 @@ def make_guide(kind, model, smoke=False):
         return UHAGuide(model, K=4, warm_start_steps=20) if smoke else UHAGuide(model)
     if kind == "UHAGuide_centered":
         return UHAGuide(model, decenter=False)
+    if kind == "UHAGuide_cholesky":
+        return UHAGuide(model, base_dist="cholesky")
     if kind == "AutoNormal":
         return AutoNormal(model)
     if kind == "AutoMultivariateNormal":

@@ -30,7 +30,7 @@ from numpyro.distributions.transforms import biject_to
 from numpyro.infer import SVI, Trace_ELBO
 
 from numpyro_uha import UHAGuide
-from numpyro_uha.guide import FORCE_LIMIT_SDS, _force_sds
+from numpyro_uha.guide import FORCE_LIMIT_SDS, FULL_RANK_MAX_DIM, _force_sds
 
 D, RHO = 4, 0.9999
 NUM_DRAWS = 4000
@@ -179,10 +179,12 @@ def test_bad_dense_mass_values_are_refused_by_name():
     with pytest.raises(ValueError, match="dense_mass=True needs a full-rank q"):
         UHAGuide(_model, dense_mass=True, base_dist="diagonal")
 
-    def wide():
-        numpyro.sample("z", dist.Normal(0.0, 1.0).expand([40]).to_event(1))
+    wide_dim = FULL_RANK_MAX_DIM + 1
 
-    guide = UHAGuide(wide, K=2, dense_mass=True)  # base_dist "auto": diagonal at d = 40
+    def wide():
+        numpyro.sample("z", dist.Normal(0.0, 1.0).expand([wide_dim]).to_event(1))
+
+    guide = UHAGuide(wide, K=2, dense_mass=True)  # base_dist "auto": diagonal past the limit
     svi = SVI(wide, guide, optax.adam(1e-2), Trace_ELBO())
-    with pytest.raises(ValueError, match="dense_mass=True needs a full-rank q, but this model has 40"):
+    with pytest.raises(ValueError, match=f"dense_mass=True needs a full-rank q, but this model has {wide_dim}"):
         svi.init(jax.random.PRNGKey(0))

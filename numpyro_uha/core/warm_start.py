@@ -1401,9 +1401,10 @@ def warm_start(
         fits, starts, scales, full_rank, max(1, num_steps // 10), host=host
     )
     log_weights = oracle_log_weights(oracle, score_key, loc, scale, num_score_draws, rows)
-    if lap_weights is not None and vi_iterations is None and bool(
+    # (called in precompile's rehearsal too, vi_iterations set, to compile it there)
+    if lap_weights is not None and bool(
         _laplace_better(lap_weights, log_weights, host=host)
-    ):
+    ) and vi_iterations is None:
         # the VI made its starts worse (noisy steps on d(d+1)/2 factor entries at
         # large d): the Laplace q as it is, as where it was close enough to skip the VI
         lap_loc, lap_scale = _laplace_q(starts, scales, unit_scales, full_rank, host=host)

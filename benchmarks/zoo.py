@@ -281,7 +281,7 @@ def run_one(entry, kind, lr, steps, seed, num_draws, moments, smoke=False):
         record["nan_losses"] = int(np.sum(~np.isfinite(losses)))
         record["final_loss"] = float(np.mean(losses[-max(1, len(losses) // 20):]))
         key = jax.random.PRNGKey(seed + 1000)
-        if kind == "UHAGuide":
+        if kind.startswith("UHAGuide"):  # the ablations too: their weights and ELBO
             weighted = guide.sample_posterior_with_log_weights(
                 key, result.params, *entry.args, sample_shape=(num_draws,))
             draws = {k: np.asarray(v) for k, v in weighted.samples.items()}

@@ -22,6 +22,7 @@ from numpyro_uha.core.annealing import (
 )
 from numpyro_uha.core.gaussian import (
     bridge_gaussian,
+    bridge_gaussian_parts,
     gaussian_grad_logpdf,
     gaussian_logpdf,
     gaussian_logpdf_of_draw,
@@ -53,6 +54,7 @@ __all__ = [
     "annealed_sample_rows",
     "betas_from_logits",
     "bridge_gaussian",
+    "bridge_gaussian_parts",
     "check_integrator",
     "drift_kick_drift",
     "fit_gaussian",

@@ -42,8 +42,7 @@ from jax.custom_batching import custom_vmap
 from jax.scipy.linalg import solve_triangular
 
 from numpyro_uha.core.gaussian import (
-    bridge_gaussian,
-    gaussian_grad_logpdf,
+    bridge_gaussian_parts,
     gaussian_logpdf,
     gaussian_logpdf_of_draw,
     gaussian_sample,
@@ -735,21 +734,21 @@ def _make_move(
         loc, loc_slope = _to_mass(factor, loc), _to_mass(factor, loc_slope)
         scale = solve_triangular(factor, jnp.tril(full), lower=True)
 
+    bridge_parts = bridge_gaussian_parts(loc, scale, loc_slope, log_scale_slope)
+
     def move(start, beta, step_size, uniform):
-        bridge_loc, bridge_scale = bridge_gaussian(beta, loc, scale, loc_slope, log_scale_slope)
+        bridge_logpdf, bridge_grad_logpdf = bridge_parts(beta)
         # per-chain scalars against (..., d) vectors
         beta_v, step_v = jnp.expand_dims(beta, -1), jnp.expand_dims(step_size, -1)
 
         def bridge_grad(z, grad_target):
-            force = (1.0 - beta_v) * gaussian_grad_logpdf(
-                z, bridge_loc, bridge_scale
-            ) + beta_v * grad_target
+            force = (1.0 - beta_v) * bridge_grad_logpdf(z) + beta_v * grad_target
             if force_limit is None:
                 return force
             return force_limit * jnp.tanh(force / force_limit)
 
         def bridge_logdensity(z, logdensity_target):
-            return (1.0 - beta) * gaussian_logpdf(z, bridge_loc, bridge_scale) + beta * logdensity_target
+            return (1.0 - beta) * bridge_logpdf(z) + beta * logdensity_target
 
         if integrator == "position_verlet":
             z, rho = drift_kick_drift(
@@ -762,8 +761,8 @@ def _make_move(
                 ) - kinetic_log_density(start.momentum, momentum_scale)
                 return start._replace(position=z, momentum=rho), (
                     z,
-                    gaussian_logpdf(start.position, bridge_loc, bridge_scale),
-                    gaussian_logpdf(z, bridge_loc, bridge_scale),
+                    bridge_logpdf(start.position),
+                    bridge_logpdf(z),
                     momentum_log_ratio,
                 )
             proposal = IntegratorState(z, rho, logdensity_fn(z), None)

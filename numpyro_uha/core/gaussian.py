@@ -22,6 +22,7 @@ __all__ = [
     "gaussian_logpdf_of_draw",
     "gaussian_grad_logpdf",
     "bridge_gaussian",
+    "bridge_gaussian_parts",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -91,6 +92,49 @@ def gaussian_grad_logpdf(z: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.
         white = solve_triangular(scale, z - loc, lower=True)
         return -solve_triangular(scale.T, white, lower=False)
     return -(z - loc) / scale**2
+
+
+def bridge_gaussian_parts(loc, scale, loc_slope, log_scale_slope):
+    """The bridge q_ψ(β) of :func:`bridge_gaussian` as ``parts(β) -> (logpdf, grad_logpdf)``,
+    two functions of z, with a full-rank factor's triangular inverse computed once for every
+    β: L_β = diag(f_β) L (its rows scaled), so L_β⁻¹ = L⁻¹ diag(1/f_β), and whitening is a
+    matrix product instead of a triangular solve. The transitions call these at every
+    leapfrog step; a solve there ran ~20 times slower per step than the model at d = 90
+    on a CPU (XLA's triangular solve on a few right-hand sides is a sequential loop).
+    For a vector scale: :func:`gaussian_logpdf` and :func:`gaussian_grad_logpdf` of
+    :func:`bridge_gaussian`'s Gaussian, unchanged."""
+    if not _is_full_rank(scale, loc):
+        def parts(beta):
+            bridge_loc, bridge_scale = bridge_gaussian(beta, loc, scale, loc_slope, log_scale_slope)
+            return (
+                lambda z: gaussian_logpdf(z, bridge_loc, bridge_scale),
+                lambda z: gaussian_grad_logpdf(z, bridge_loc, bridge_scale),
+            )
+
+        return parts
+    tril = jnp.tril(scale)
+    dim = tril.shape[-1]
+    inverse = solve_triangular(tril, jnp.eye(dim, dtype=tril.dtype), lower=True)
+    log_det = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(tril))))
+
+    def parts(beta):
+        beta = jnp.expand_dims(beta, -1)
+        bridge_loc = loc + beta * loc_slope
+        factor = jnp.exp(beta * log_scale_slope)
+
+        def white(z):
+            return ((z - bridge_loc) / factor) @ inverse.T
+
+        def logpdf(z):
+            log_norm = jnp.sum(beta * log_scale_slope, axis=-1) + log_det + 0.5 * dim * _LOG_2PI
+            return -0.5 * jnp.sum(white(z) ** 2, axis=-1) - log_norm
+
+        def grad_logpdf(z):
+            return -(white(z) @ inverse) / factor
+
+        return logpdf, grad_logpdf
+
+    return parts
 
 
 def bridge_gaussian(

@@ -156,19 +156,20 @@ STABILITY_FRACTION = 0.75
 #: ``base_dist="auto"`` gives a full-rank q up to this many latent coordinates: a
 #: mean-field q cannot follow correlated posteriors (a GARCH(1,1)'s parameters: sds 45 %
 #: too small with the diagonal q, 7 % with full rank), and UHA's K = 32 steps do not make
-#: up for it. Its d(d+1)/2 scale parameters and the O(d²) bridge density per leapfrog step
-#: cost more per SVI step as d grows. Measured (``benchmarks.full_rank_cost``: the paper's
-#: logistic regressions, K = 32, 2 000 steps of Adam 1e-3, the same run; the bound and the
-#: time per jitted step, full rank against diagonal, 2-core CPU): ionosphere (d = 35)
-#: −111.76 against −114.37 for 1.4 times the time, sonar (61) −108.62 / −116.02 for 2.0,
-#: a1a (120) −680.22 / −707.92 for 3.9, madelon (501) −2400.04 / −2418.21 for 8.1 (the
-#: diagonal q's UHA extrapolated to K = 256 reaches −109.74 on sonar, −686.65 on a1a and
-#: −2403.86 on madelon); three correlated models of d = 42 to 51 were right at both
-#: learning rates with full rank and 2 to 13 nats tighter where correlated, wrong in 4 of 6
-#: runs with the diagonal q; a centred stochastic-volatility model (63) and a hierarchical
-#: beta-binomial (73) level (within 0.7 nats; right / wrong alike) for 1.2 to 1.8 times
-#: the fit time. Past 128 the step's cost grows faster than users of a default expect (8
-#: times at d = 501): pass ``base_dist="cholesky"`` there (the k̂ warning says so).
+#: up for it. Its d(d+1)/2 scale parameters and O(d²) bridge density per leapfrog step
+#: (a triangular inverse once per chain, O(d³)) cost more per SVI step as d grows.
+#: Measured (``benchmarks.full_rank_cost``, results ``full_rank_cost_all``: K = 32, 2 000
+#: steps of Adam 1e-3, the same run; the bound, full rank / diagonal, and the time per
+#: jitted step, full over diagonal, 2-core CPU): ionosphere (d = 35) −111.76 / −114.37
+#: for 1.2 times the time, sonar (61) −108.61 / −116.04 for 2.2, a1a (120) −680.22 /
+#: −707.92 for 2.1, the Lorenz bridge (90) −29.89 / −48.02 for 1.2, a BYM model (101)
+#: −191.24 / −231.00 for 4.1, madelon (501) −2400.08 / −2418.21 for 3.3 (the diagonal q's
+#: UHA extrapolated to K = 256 reaches −109.74 on sonar, −686.65 on a1a, −2403.86 on
+#: madelon); three correlated models of d = 42 to 51 were right at both learning rates
+#: with full rank and 2 to 13 nats tighter where correlated, wrong in 4 of 6 runs with the
+#: diagonal q; a centred stochastic-volatility model (63) and a hierarchical
+#: beta-binomial (73) level (within 0.7 nats; right / wrong alike). Past 128 only madelon
+#: was measured: pass ``base_dist="cholesky"`` there (the k̂ warning says so).
 FULL_RANK_MAX_DIM = 128
 
 #: ``dense_mass="auto"``: a full-rank q's chain moves in q's whitened coordinates (a dense

@@ -8,8 +8,10 @@ about −2400), and ``svi.init`` then returned NaN parameters. Here:
 
 * the noise form equals the solve form (value and gradient) where both are exact (float64);
 * at a float32 factor of condition number above 10⁶ it still equals the float64 value,
-  and so do the three places that score q's own draws: ``gaussian_elbo`` (plain VI), the
-  warm start's scoring (``oracle_log_weights``) and its VI's loss (``_fit_starts``).
+  and so do the places that score q's own draws: ``gaussian_elbo`` (plain VI), the
+  warm start's scoring (``oracle_log_weights``), its VI's loss (``_fit_starts``) and the
+  chain's start (``annealed_sample`` at K = 0). Each, reverted alone to the solve, fails
+  its test.
 """
 
 import math
@@ -121,3 +123,18 @@ def test_warm_start_vi_loss_at_an_ill_conditioned_factor():
     # the VI's loss is in u-coordinates (log p̄ there lacks Σ log s): −mean(log p̄(z) − log q_u(u))
     want = -np.mean(-0.5 * np.sum(z**2, -1) - _exact_logq(noise, L))
     assert abs(first_loss - want) < 1e-3 * max(1.0, abs(want))
+
+
+def test_chain_start_weight_at_an_ill_conditioned_factor():
+    """The chain's log q at its own start (K = 0: log w = log p̄(z₀) − log q(z₀)) from the
+    start's noise, against float64."""
+    from numpyro_uha.core import annealed_sample, make_params
+    from numpyro_uha.core.annealing import _start_noise
+
+    L = _ill_factor()
+    key = jax.random.PRNGKey(6)
+    params = make_params(jnp.zeros(D, jnp.float32), jnp.asarray(L, jnp.float32), num_transitions=0)
+    z, log_w, _ = annealed_sample(key, _target, params)
+    noise = _start_noise(key, D, jnp.float32)
+    want = -0.5 * np.sum(np.asarray(z, np.float64) ** 2) - _exact_logq(noise, L)
+    assert abs(float(log_w) - want) < 1e-3 * max(1.0, abs(want))

@@ -83,6 +83,7 @@ from numpyro_uha._weights import (
     SHIFT_BAD,
     SPREAD_BAD,
     WeightSummary,
+    UHA_ADVICE,
     _warn_poor_fit,
     flag_checks,
     khat_counts,
@@ -169,7 +170,7 @@ STABILITY_FRACTION = 0.75
 #: with full rank and 2 to 13 nats tighter where correlated, wrong in 4 of 6 runs with the
 #: diagonal q; a centred stochastic-volatility model (63) and a hierarchical
 #: beta-binomial (73) level (within 0.7 nats; right / wrong alike). Past 128 only madelon
-#: was measured: pass ``base_dist="cholesky"`` there (the k̂ warning says so).
+#: was measured: pass ``base_dist="cholesky"`` there (the k̂ warning of a diagonal q says so).
 FULL_RANK_MAX_DIM = 128
 
 #: ``dense_mass="auto"``: a full-rank q's chain moves in q's whitened coordinates (a dense
@@ -1205,6 +1206,21 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             )
             if self.base_dist == "cholesky" and not _is_tracer(scale):
                 self._check_factor_invertible(scale)
+
+    @property
+    def _poor_fit_advice(self) -> str:
+        """The k̂ warning's advice; for a diagonal q, that a full-rank one follows
+        correlations (past ``FULL_RANK_MAX_DIM`` it is not the default)."""
+        if self.base_dist == "cholesky" or (self.latent_dim or 0) < 2:
+            return UHA_ADVICE
+        why = (
+            "base_dist='diagonal'" if self.requested_base_dist == "diagonal"
+            else f"{self.latent_dim} coordinates, more than FULL_RANK_MAX_DIM = {FULL_RANK_MAX_DIM}"
+        )
+        return (
+            f"{UHA_ADVICE} This q is diagonal ({why}), and a correlated posterior is beyond "
+            "it: base_dist='cholesky' gives a full-rank q (its cost per step grows as d²)."
+        )
 
     def _check_factor_invertible(self, scale):
         """A clear error where q's start Cholesky factor cannot be inverted at its dtype:
@@ -2970,7 +2986,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 _warn_poor_fit(
                     khat, math.sqrt(summary.var / summary.num_finite), summary.num_finite,
                     num_draws, f"UHAGuide.{warn_as}", stacklevel=4, also=POOR_WEIGHTS_MEANING,
-                    spread=spread,
+                    spread=spread, advice=self._poor_fit_advice,
                 )
                 # else the weights cannot say by how much (nor with too few for k̂: inf)
                 if not (khat_counts(khat, summary.num_finite, num_draws, spread)

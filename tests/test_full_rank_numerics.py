@@ -77,3 +77,12 @@ def test_madelon_full_rank_start_is_finite_and_below_log_z():
         [sys.executable, "-c", MADELON_CHECK], env=env, capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("base_dist", ["diagonal", "cholesky"])
+def test_the_poor_fit_advice_names_the_full_rank_q_only_for_a_diagonal_one(base_dist):
+    guide = UHAGuide(_model, K=2, base_dist=base_dist, warm_start_steps=20, progress_bar=False)
+    SVI(_model, guide, optax.adam(1e-3), Trace_ELBO()).init(jax.random.PRNGKey(0))
+    advice = guide._poor_fit_advice
+    assert advice.startswith("Train longer")
+    assert ("base_dist='cholesky' gives a full-rank q" in advice) == (base_dist == "diagonal")

@@ -64,9 +64,13 @@ def gaussian_logpdf(z: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array
     With a vector scale, leading axes of ``z``, ``loc`` and ``scale`` are batch axes (one
     Gaussian per row) and the result has their broadcast batch shape.
     """
-    white = _whiten(z, loc, scale)
-    dim = z.shape[-1]
-    return -0.5 * jnp.sum(white**2, axis=-1) - _log_det_scale(scale, _is_full_rank(scale, loc)) - 0.5 * dim * _LOG_2PI
+    return _logpdf_of_white(_whiten(z, loc, scale), scale, _is_full_rank(scale, loc))
+
+
+def _logpdf_of_white(white: jax.Array, scale: jax.Array, full_rank: bool) -> jax.Array:
+    """log N(z | loc, scale scaleᵀ) from z's whitened coordinates L⁻¹(z − loc)."""
+    dim = white.shape[-1]
+    return -0.5 * jnp.sum(white**2, axis=-1) - _log_det_scale(scale, full_rank) - 0.5 * dim * _LOG_2PI
 
 
 def gaussian_logpdf_of_draw(noise: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
@@ -81,9 +85,7 @@ def gaussian_logpdf_of_draw(noise: jax.Array, loc: jax.Array, scale: jax.Array) 
     ELBO (a full-rank VI at d = 501 drove its factor to a condition number of 10²⁰ and its
     "ELBO" to +10²⁸).
     """
-    full_rank = _is_full_rank(scale, loc)
-    dim = noise.shape[-1]
-    return -0.5 * jnp.sum(noise**2, axis=-1) - _log_det_scale(scale, full_rank) - 0.5 * dim * _LOG_2PI
+    return _logpdf_of_white(noise, scale, _is_full_rank(scale, loc))
 
 
 def gaussian_grad_logpdf(z: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:

@@ -3,7 +3,6 @@ factor's inverse computed once for every β, against ``bridge_gaussian`` followe
 solve-based ``gaussian_logpdf`` / ``gaussian_grad_logpdf`` (float64), for one β and for a
 β per row, mean-field and full rank, with nonzero slopes."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,10 +14,7 @@ from numpyro_uha.core import (
     gaussian_logpdf,
 )
 
-try:
-    enable_x64 = jax.enable_x64
-except AttributeError:  # jax 0.7.0, the supported lower end, has it in jax.experimental
-    from jax.experimental import enable_x64
+from tests._compat import enable_x64
 
 D = 5
 

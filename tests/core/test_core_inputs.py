@@ -13,10 +13,7 @@ import pytest
 
 from numpyro_uha.core import make_params, uha_sample, uha_sample_rows
 
-try:  # jax >= 0.8: a public context manager; before, jax.experimental's
-    enable_x64 = jax.enable_x64
-except AttributeError:  # jax 0.7.0, the supported lower end, has it in jax.experimental
-    from jax.experimental import enable_x64
+from tests._compat import enable_x64
 
 
 def logdensity(z):

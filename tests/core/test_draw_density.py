@@ -24,10 +24,7 @@ import pytest
 from numpyro_uha.core import gaussian_elbo, gaussian_logpdf, gaussian_logpdf_of_draw, gaussian_sample
 from numpyro_uha.core.warm_start import _fit_starts, oracle_log_weights, rows_oracle
 
-try:
-    enable_x64 = jax.enable_x64
-except AttributeError:  # jax 0.7.0, the supported lower end, has it in jax.experimental
-    from jax.experimental import enable_x64
+from tests._compat import enable_x64
 
 D = 8
 LOG_2PI = math.log(2.0 * math.pi)

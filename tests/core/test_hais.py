@@ -19,10 +19,7 @@ from numpyro_uha.core import hais_sample, make_params
 
 from tests.core.test_annealing import DIM, LOG_Z, gaussian_target
 
-try:
-    enable_x64 = jax.enable_x64
-except AttributeError:  # jax 0.7.0, the supported lower end, has it in jax.experimental
-    from jax.experimental import enable_x64
+from tests._compat import enable_x64
 
 
 INTEGRATORS = ["velocity_verlet", "position_verlet"]

@@ -21,10 +21,7 @@ from numpyro_uha.core import (
     uha_sample_rows,
 )
 
-try:
-    enable_x64 = jax.enable_x64
-except AttributeError:  # jax 0.7.0, the supported lower end, has it in jax.experimental
-    from jax.experimental import enable_x64
+from tests._compat import enable_x64
 
 ROWS, DIM, K = 5, 3, 6
 RNG = np.random.default_rng(0)

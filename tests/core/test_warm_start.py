@@ -44,10 +44,7 @@ from numpyro_uha.core.warm_start import (
     warm_start,
 )
 
-try:
-    enable_x64 = jax.enable_x64
-except AttributeError:  # jax 0.7.0, the supported lower end, has it in jax.experimental
-    from jax.experimental import enable_x64
+from tests._compat import enable_x64
 
 SCALES = np.array([1e3, 1e1, 1.0, 1e-1, 1e-2])
 NOISE, PRIOR_SD = 0.5, 1000.0

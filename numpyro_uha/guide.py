@@ -1162,7 +1162,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                     diff, se = loss_decrease(losses)
                     warnings.warn(
                         f"UHAGuide: the plain-VI warm start had not converged after "
-                        f"{self.warm_start_steps} steps: its mean loss fell by "
+                        f"{losses.shape[0]} steps: its mean loss fell by "
                         f"{diff:.3g} ± {se:.2g} nats from the second-last tenth of the "
                         "steps to the last (more than twice its standard error). UHA "
                         "training starts from it anyway and goes on fitting q; for a "

@@ -673,7 +673,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
     paper's starting point, robustly to the posterior's scales
     (:func:`~numpyro_uha.core.warm_start.warm_start`: an L-BFGS mode and its Laplace
     scales, then ``warm_start_steps`` Adam steps of VI from three starts, the best kept,
-    unless the Laplace approximation is within 0.02 nats of the posterior already;
+    with up to three further rounds of as many steps while a start is still falling and
+    could pass the best, unless the Laplace approximation is within 0.02 nats of the
+    posterior already;
     a warning says when it had not converged; the log density compiled in two small
     programs, the loops run in Python around them), and Σ is set to the inverse of q's
     variances so that ε is in units of the posterior scale. After a warm start (or
@@ -760,7 +762,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         warm_start_steps: plain-VI steps fitting q at initialization (0 disables the warm
             start, and with it the preconditioning, the step ceiling and the force bound;
             none are run where the Laplace approximation's KL to the posterior is below
-            0.02 nats, as on large data).
+            0.02 nats, as on large data); up to three further rounds of as many steps
+            follow while a start's fit is still falling and could pass the best one
+            (``core.warm_start.VI_MAX_ROUNDS``).
         warm_start_learning_rate: peak Adam learning rate of the warm start.
         init_from: ``(fitted_guide, fitted_params)`` of an ``AutoNormal``,
             ``AutoDiagonalNormal`` or ``AutoMultivariateNormal`` trained on the same model:

@@ -1486,12 +1486,6 @@ def warm_start(
             oracle, host, fit_key, fits, starts, scales, unit_scales, full_rank, num_steps,
             learning_rate, num_particles, callback, max_rounds,
         )
-    elif host is not False and vi_iterations is not None and max_rounds > 1:
-        # the rehearsal: a further round's first step compiled too
-        fits = _fit_starts(
-            oracle, host, fit_key, starts, scales, unit_scales, full_rank, num_steps,
-            learning_rate, num_particles, vi_iterations, None, params=fits[0],
-        )
     loc, scale, losses, best, converged = _pick(
         fits, starts, scales, full_rank, max(1, num_steps // 10), host=host
     )

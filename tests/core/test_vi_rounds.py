@@ -49,9 +49,11 @@ def test_a_fall_below_the_minimum_gets_none():
 
 
 def test_a_worse_start_gets_a_round_only_where_it_could_pass_the_best():
-    # start 1 falls by about 35 over the second half: from 130 it could pass 100 ...
-    assert _worth_another_round(_losses((100.0, 100.0), (200.0, 130.0), (300.0, 300.0)), _scales(0, 0, 0))
-    # ... from 300 it could not
+    # start 1 falls by about 40 over the second half: from 110, half of that passes 100 ...
+    assert _worth_another_round(_losses((100.0, 100.0), (200.0, 110.0), (300.0, 300.0)), _scales(0, 0, 0))
+    # ... from 130 only a whole one would (a round spent for nothing, on the zoo) ...
+    assert not _worth_another_round(_losses((100.0, 100.0), (210.0, 130.0), (300.0, 300.0)), _scales(0, 0, 0))
+    # ... and from 330 not even that
     assert not _worth_another_round(_losses((100.0, 100.0), (400.0, 330.0), (300.0, 300.0)), _scales(0, 0, 0))
 
 

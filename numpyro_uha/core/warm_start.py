@@ -1127,7 +1127,7 @@ def _fit_starts(oracle, host, key, starts, scales, unit_scales, full_rank, num_s
     Adam on all starts at once with the same draws (as ``vmap`` of fit_gaussian over
     the starts); returns the last carry: ``(params in u, optimizer state, losses
     (num_steps, starts), keys, noise)``. ``params``: go on from these (a further round,
-    :func:`_more_rounds`), ``done`` steps already counted by ``callback``."""
+    ``_more_rounds``), ``done`` steps already counted by ``callback``."""
     steps_and_rate = (num_steps, float(learning_rate))
     if params is None:
         carry, zs = _vi_begin(
@@ -1153,7 +1153,7 @@ def _fit_starts(oracle, host, key, starts, scales, unit_scales, full_rank, num_s
 #: Rounds of the warm start's VI at most (each ``num_steps`` Adam steps on a fresh
 #: cosine schedule, from where the last ended), where the loops run in Python: a round
 #: follows while a start's fit was still falling over its round's second half and could
-#: pass the best one (:func:`_worth_another_round`). A centred hierarchical model's mode
+#: pass the best one (``_worth_another_round``). A centred hierarchical model's mode
 #: search ends in the spike where a group scale goes to 0, and VI from its Laplace
 #: approximation stays in that collapsed fit; the plain start climbs out of the prior
 #: more slowly and, after one round, could lose to it: a Poisson GLMM with 300 groups of

@@ -55,6 +55,9 @@ def test_a_worse_start_gets_a_round_only_where_it_could_pass_the_best():
     assert not _worth_another_round(_losses((100.0, 100.0), (210.0, 130.0), (300.0, 300.0)), _scales(0, 0, 0))
     # ... and from 330 not even that
     assert not _worth_another_round(_losses((100.0, 100.0), (400.0, 330.0), (300.0, 300.0)), _scales(0, 0, 0))
+    # a start just behind, whose half fall would pass the best by less than the minimum
+    # (the zoo's GP: 0.2 nats behind, falling 2.5): no round
+    assert not _worth_another_round(_losses((100.0, 100.0), (105.0, 100.2), (300.0, 300.0), noise=0.05), _scales(0, 0, 0))
 
 
 def test_the_losses_are_compared_in_the_models_coordinates():

@@ -1066,16 +1066,18 @@ def _vi_begin(key, starts, scales, unit_scales, full_rank, num_particles, steps_
     # full rank: (starts, d, d) initial factors, or their diagonals
     unit = jax.vmap(jnp.diag)(unit_scales) if full_rank and unit_scales.ndim == 2 else unit_scales
     params = (jnp.zeros_like(starts), jax.vmap(_scale_to_raw)(unit))
-    keys = jax.random.split(key, num_steps)
-    losses = jnp.zeros((num_steps, starts.shape[0]), starts.dtype)
-    noise, zs = _vi_ask(params, keys[0], starts, scales, num_particles)
-    return (params, _adam(learning_rate, num_steps).init(params), losses, keys, noise), zs
+    return _vi_carry(key, params, starts, scales, num_particles, steps_and_rate)
 
 
 @small_jit(static_argnums=(4, 5))
 def _vi_resume(key, params, starts, scales, num_particles, steps_and_rate):
     """:func:`_vi_begin` from given ``params`` (a further round of the same starts): a
     fresh optimizer and schedule, new step keys."""
+    return _vi_carry(key, params, starts, scales, num_particles, steps_and_rate)
+
+
+def _vi_carry(key, params, starts, scales, num_particles, steps_and_rate):
+    """The VI's first carry from ``params``, and the first step's points."""
     num_steps, learning_rate = steps_and_rate
     keys = jax.random.split(key, num_steps)
     losses = jnp.zeros((num_steps, starts.shape[0]), starts.dtype)
@@ -1178,7 +1180,7 @@ def _worth_another_round(losses, scales) -> bool:
     a round spent for nothing). The fall over the second half, not over the last
     tenth: the cosine schedule's last steps are too small to show that a fit is still
     far from its optimum."""
-    losses = np.asarray(losses, np.float64).T - np.sum(np.log(np.asarray(scales, np.float64)), axis=1)[:, None]
+    losses = _model_losses(np.asarray(losses, np.float64), np.asarray(scales, np.float64))
     n = losses.shape[1]
     tail = n // 10
     if tail < 2:
@@ -1271,6 +1273,12 @@ def _starts(init_loc, mode, scale0, scale1, fallback):
     return starts, jnp.stack([ones, scale0, scale1]), jnp.stack([fallback, ones, ones])
 
 
+def _model_losses(losses, scales, xp=np):
+    """The VI's ``losses`` (steps, starts) as (starts, steps) negative ELBOs in the
+    model's coordinates: log p̄ in u-coordinates lacks each start's constant Σ log s."""
+    return losses.T - xp.sum(xp.log(scales), axis=1)[:, None]
+
+
 @small_jit(static_argnums=(3, 4))
 def _pick(fits, starts, scales, full_rank, tail):
     """The fit with the lowest final loss, in the model's coordinates, and whether its
@@ -1279,9 +1287,7 @@ def _pick(fits, starts, scales, full_rank, tail):
     locs = starts + scales * params[0]
     fitted = jax.vmap(_raw_to_scale)(params[1])
     fitted = scales[:, :, None] * fitted if full_rank else scales * fitted
-    # log p̄ in u-coordinates lacks the constant Σ log s: shift the losses to the
-    # z-coordinates' negative ELBO.
-    all_losses = all_losses.T - jnp.sum(jnp.log(scales), axis=1)[:, None]
+    all_losses = _model_losses(all_losses, scales, jnp)
     final = jnp.mean(all_losses[:, -tail:], axis=1)
     final = jnp.where(jnp.isfinite(final), final, jnp.inf)
     best = jnp.argmin(final)
@@ -1494,9 +1500,11 @@ def warm_start(
     loc, scale, losses, best, converged = _pick(
         fits, starts, scales, full_rank, max(1, num_steps // 10), host=host
     )
-    if earlier:  # the kept start's losses over every round, as _pick shifts them
-        shift = np.sum(np.log(np.asarray(scales)[int(best)]))
-        losses = np.concatenate([r[:, int(best)] - shift for r in earlier] + [np.asarray(losses)])
+    if earlier:  # the kept start's losses over every round, as _pick gives them
+        scales_np = np.asarray(scales)
+        losses = np.concatenate(
+            [_model_losses(r, scales_np)[int(best)] for r in earlier] + [np.asarray(losses)]
+        )
     log_weights = oracle_log_weights(oracle, score_key, loc, scale, num_score_draws, rows)
     # (called in precompile's rehearsal too, vi_iterations set, to compile it there)
     if lap_weights is not None and bool(

@@ -242,9 +242,9 @@ def make_guide(kind, model, smoke=False):
 
 
 def moment_errors(draws: dict, moments: dict) -> dict:
-    """Max |mean error| / NUTS sd and mean |log sd ratio| over the non-constant
-    coordinates of the reference's sites."""
-    z_err, log_ratio = [], []
+    """Max |mean error| / NUTS sd and mean |log sd ratio| (and the smallest sd ratio)
+    over the non-constant coordinates of the reference's sites."""
+    z_err, log_ratio, sd_ratio = [], [], []
     for k, (mean, sd, _) in moments.items():
         x = np.asarray(draws[k], np.float64).reshape((-1,) + np.shape(mean))
         keep = np.asarray(sd).reshape(-1) > 1e-8 * (1 + np.abs(np.asarray(mean).reshape(-1)))
@@ -253,10 +253,12 @@ def moment_errors(draws: dict, moments: dict) -> dict:
         ref_mean, ref_sd = np.asarray(mean).reshape(-1)[keep], np.asarray(sd).reshape(-1)[keep]
         z_err.append(np.abs(g_mean - ref_mean) / ref_sd)
         log_ratio.append(np.abs(np.log(g_sd / ref_sd)))
+        sd_ratio.append(g_sd / ref_sd)
     z_err, log_ratio = np.concatenate(z_err), np.concatenate(log_ratio)
     if not (np.all(np.isfinite(z_err)) and np.all(np.isfinite(log_ratio))):
         return {"max_mean_err": None, "mean_log_sd_ratio": None, "right": False, "finite": False}
-    out = {"max_mean_err": float(z_err.max()), "mean_log_sd_ratio": float(log_ratio.mean()), "finite": True}
+    out = {"max_mean_err": float(z_err.max()), "mean_log_sd_ratio": float(log_ratio.mean()),
+           "min_sd_ratio": float(np.concatenate(sd_ratio).min()), "finite": True}
     out["right"] = out["max_mean_err"] <= MEAN_TOL and out["mean_log_sd_ratio"] <= LOG_SD_TOL
     return out
 

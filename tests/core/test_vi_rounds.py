@@ -10,6 +10,7 @@ import pytest
 
 from numpyro_uha.core.warm_start import (
     VI_ROUND_MIN_FALL,
+    VI_ROUND_PASS_MARGIN,
     _worth_another_round,
     rows_oracle,
     warm_start,
@@ -58,6 +59,19 @@ def test_a_worse_start_gets_a_round_only_where_it_could_pass_the_best():
     # a start just behind, whose half fall would pass the best by less than the minimum
     # (the zoo's GP: 0.2 nats behind, falling 2.5): no round
     assert not _worth_another_round(_losses((100.0, 100.0), (105.0, 100.2), (300.0, 300.0), noise=0.05), _scales(0, 0, 0))
+
+
+def test_a_worse_start_must_pass_the_best_by_the_margin():
+    # start 1 ends 0.5 behind; over the second half it falls by about 0.475 of its range
+    def passes_by(first):
+        return 0.5 * 0.475 * (first - 100.5) - 0.5
+
+    # passes by about 1.76 nats: above the minimum fall, below the margin
+    assert VI_ROUND_MIN_FALL < passes_by(110.0) < VI_ROUND_PASS_MARGIN
+    assert not _worth_another_round(_losses((100.0, 100.0), (110.0, 100.5), (300.0, 300.0), noise=0.05), _scales(0, 0, 0))
+    # by about 2.9: a round
+    assert passes_by(115.0) > VI_ROUND_PASS_MARGIN
+    assert _worth_another_round(_losses((100.0, 100.0), (115.0, 100.5), (300.0, 300.0), noise=0.05), _scales(0, 0, 0))
 
 
 def test_the_losses_are_compared_in_the_models_coordinates():

@@ -806,7 +806,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             run as ``x = loc + scale · x̃``, ``x̃ ~ Normal(0, 1)`` (a funnel becomes a
             Gaussian where the data say little about ``x``), and a MultivariateNormal or
             MultivariateStudentT one as ``x = loc + scale_tril · x̃`` (correlated group
-            effects; a latent Gaussian process, whitened); the guide still emits and
+            effects; a latent Gaussian process, whitened), also where its parameters are
+            constants but its prior makes some coordinate nearly a function of the others
+            (a latent field under a fixed kernel); the guide still emits and
             returns ``x``, and the bound stays exact (the Jacobian is in the guide's log
             density). Where the data say much about each ``x`` the model's own
             coordinates fit better, so with a warm start both are warm-started from the

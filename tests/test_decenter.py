@@ -619,3 +619,80 @@ def test_a_model_with_python_control_flow_on_a_latent_is_probed_point_by_point()
         numpyro.sample("x", dist.Normal(0.0, s).expand([n]).to_event(1))
 
     assert find_decenterable(branchy, (3,), {}) == ["x"]
+
+
+# ------------------------------------------- correlated priors with fixed parameters
+T_GP = 24
+_T = np.arange(T_GP)
+GP_TRIL = jnp.asarray(np.linalg.cholesky(
+    np.exp(-0.5 * ((_T[:, None] - _T[None, :]) / 3.0) ** 2) + 1e-3 * np.eye(T_GP)
+), jnp.float32)
+Y_GP = jnp.asarray(
+    np.sin(2 * np.pi * _T / T_GP) + 0.4 * np.random.default_rng(6).normal(size=T_GP), jnp.float32
+)
+
+
+def latent_gp(y, tril=GP_TRIL):
+    """A latent Gaussian process under a fixed squared-exponential kernel, scaled by a
+    latent amplitude: its prior's parameters are constants, but its coordinates are
+    nearly functions of their neighbours."""
+    amp = numpyro.sample("amp", dist.HalfNormal(2.0))
+    f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(y.shape[0]), scale_tril=tril))
+    numpyro.sample("y", dist.Normal(amp * f, 0.4), obs=y)
+
+
+def test_strongly_correlated_reads_the_conditional_variances():
+    from numpyro_uha._decenter import CORRELATED_CONDITIONAL_VARIANCE, strongly_correlated
+
+    assert strongly_correlated(GP_TRIL)
+    assert not strongly_correlated(jnp.eye(5))
+    assert not strongly_correlated(jnp.diag(jnp.array([1e-3, 1.0, 1e3])))  # scales alone
+    # two coordinates of correlation r keep 1 - r² of the second's variance
+    for r, expected in ((0.9, False), (0.96, True)):
+        tril = np.linalg.cholesky(np.array([[1.0, r], [r, 1.0]]))
+        assert (1 - r**2 < CORRELATED_CONDITIONAL_VARIANCE) == expected
+        assert strongly_correlated(tril) == expected
+        # batched: any member
+        assert strongly_correlated(np.stack([np.eye(2), tril])) == expected
+
+
+def test_auto_finds_a_fixed_but_strongly_correlated_prior():
+    """f's parameters are constants (no funnel), but its prior is a smooth field: found;
+    the same site under a weakly correlated fixed prior is not (nor is
+    correlated_effects' identity ``fixed``)."""
+    assert find_decenterable(latent_gp, (Y_GP,), {}) == ["f"]
+    mild = jnp.asarray(np.linalg.cholesky(0.3 * np.ones((T_GP, T_GP)) + 0.7 * np.eye(T_GP)), jnp.float32)
+    assert find_decenterable(latent_gp, (Y_GP, mild), {}) == []
+
+
+@pytest.mark.parametrize("init", ["uniform", "value"])
+def test_a_smooth_fields_non_centered_start_is_drawn_in_its_own_coordinates(init):
+    """init_to_uniform's independent ±2 for f would be x̃ = L⁻¹ f₀, far out in the prior's
+    tails: x̃ is drawn itself (|x̃| ≤ 2); a value the user gives f is kept."""
+    from numpyro.infer.initialization import init_to_value
+
+    f0 = jnp.asarray(np.random.default_rng(7).uniform(-2, 2, size=T_GP), jnp.float32)
+    kwargs = {} if init == "uniform" else {"init_loc_fn": init_to_value(values={"f": f0})}
+    guide = UHAGuide(latent_gp, K=2, decenter=["f"], warm_start_steps=0, **kwargs)
+    numpyro.handlers.seed(guide, 0)(Y_GP)
+    trace = _init_trace(guide, (Y_GP,))
+    if init == "uniform":
+        assert float(jnp.max(jnp.abs(trace["f_decentered"]["value"]))) <= 2.0
+    else:
+        np.testing.assert_allclose(trace["f"]["value"], f0, rtol=1e-3, atol=1e-3)
+        # the mapped start is far out: what the uniform case avoids
+        assert float(jnp.max(jnp.abs(trace["f_decentered"]["value"]))) > 10.0
+
+
+def test_a_latent_gp_under_a_fixed_kernel_starts_non_centered():
+    """decenter="auto" warm-starts both coordinate systems and keeps the non-centered
+    one, many standard errors above the model's own (measured on a 32-point version:
+    −22.32 against −32.23)."""
+    guide = UHAGuide(latent_gp, K=2)
+    svi = SVI(latent_gp, guide, optax.adam(1e-3), Trace_ELBO())
+    svi.init(jax.random.PRNGKey(0), Y_GP)
+    assert guide.decentered_sites == ("f",)
+    (as_written, se_w), (non_centered, se_n) = (
+        guide.coordinate_elbos["as_written"], guide.coordinate_elbos["non_centered"]
+    )
+    assert non_centered - as_written > max(10 * np.hypot(se_w, se_n), 2.0)

@@ -99,12 +99,10 @@ from numpyro_uha.core import (
     annealed_sample,
     betas_from_logits,
     check_integrator,
-    gaussian_logpdf_of_draw,
-    gaussian_sample,
+    gaussian_logpdf,
     step_sizes_from_beta,
     step_sizes_under_ceiling,
 )
-from numpyro_uha.core.annealing import _start_noise
 from numpyro_uha.core.batching import batched_map, reuse_width, signature_of
 from numpyro_uha.core.sharding import (
     gather,
@@ -1591,7 +1589,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             )
             if full_rank:  # the Cholesky parameter's inverse transform (svi.init's)
                 _scale_corr_inverse(scale, _whitening_factor(scale, host=True), host=True)
-            return start, _q_draw(key, loc, scale, host=True)  # the setup call's draw
+            return start, _q_log_density(loc, loc, scale, host=True)  # the setup call's
 
         return precompile(
             signature, rehearsal, width=self._setup_width(kind),
@@ -2342,11 +2340,16 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         concrete = not _is_tracer(inputs)
         if concrete and _setup_call:
             # The call that set the guide up (svi.init): NumPyro only reads its values to
-            # trace the model and collect the parameters, so it draws from q, the
-            # chain's start, and the K-step chain is not compiled for it (every later
-            # call runs the chain; training compiles its own inline). Its factor, log q,
-            # makes it a valid (K = 0) importance draw.
-            z, factor = _q_draw(rng_key, values["loc"], values["scale"], host=True)
+            # trace the model and collect the parameters, so the K-step chain is not
+            # compiled for it (every later call runs the chain; training compiles its
+            # own inline). It emits NumPyro's initial point (where AutoNormal's setup
+            # draw also sits), not a draw from the fitted q: NumPyro replays the model
+            # there eagerly with its validation on, and a draw from q can be valid for
+            # the model's arithmetic yet fail it (a GP kernel at a long fitted length
+            # scale, not numerically positive definite in float32: svi.init raised).
+            # Its factor is log q there.
+            z = jnp.asarray(self._init_latent, values["loc"].dtype)
+            factor = _q_log_density(z, values["loc"], values["scale"], host=True)
             start = z
         else:
             # A concrete call is not a training step: nothing to record on the host, so
@@ -3792,12 +3795,9 @@ def _curvature(oracle, loc, scale, dense):
 
 
 @small_jit()
-def _q_draw(rng_key, loc, scale):
-    """A draw from q = N(loc, scale) and its log density: the setup call's (see
-    ``UHAGuide._latent_and_model_params``), the chain's start for the same key (the
-    stream :func:`~numpyro_uha.core.annealed_sample` starts from)."""
-    noise = _start_noise(rng_key, loc.shape[-1], loc.dtype)
-    return gaussian_sample(noise, loc, scale), gaussian_logpdf_of_draw(noise, loc, scale)
+def _q_log_density(z, loc, scale):
+    """log q(z) under q = N(loc, scale) (the setup call's factor)."""
+    return gaussian_logpdf(z, loc, scale)
 
 
 @small_jit(static_argnums=(2,))

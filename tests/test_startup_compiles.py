@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import numpyro
 import optax
@@ -104,13 +103,14 @@ def test_the_main_thread_compiles_no_model_free_step(columns, options, base):
     assert not by_main, f"compiled by the main thread, not rehearsed: {by_main}"
     # the warm start's whole path was rehearsed (not only some of it)
     assert {"_prepare", "_mode_step", "_vi_begin", "_vi_step", "_pick", "_score_finish",
-            "_curvature_max", "_all_finite", "_start_arrays", "_q_draw"} <= rehearsed
+            "_curvature_max", "_all_finite", "_start_arrays", "_q_log_density"} <= rehearsed
     if base == "cholesky":  # the Cholesky parameter's inverse transform, at svi.init
         assert ("_scale_corr_inverse", "MainThread") not in map(tuple, result["compiled"])
         assert "_scale_corr_inverse" in {n for n, _ in result["compiled"]}
     # and the model's own program, its value and gradient (Hessian-vector products by
-    # differences of it), was compiled once; svi.init's own draw is q's (the setup call),
-    # not the chain's, whose program no training step reuses
+    # differences of it), was compiled once; svi.init's own values are NumPyro's initial
+    # point with its log q (the setup call), not the chain's, whose program no training
+    # step reuses
     programs = ("_oracle_impl", "_draw_one_impl")
     model_programs = [n for n, t in result["compiled"] if n in programs]
     assert model_programs == ["_oracle_impl"]
@@ -159,21 +159,3 @@ def test_the_concrete_draw_has_no_host_callback_and_a_training_step_has(monkeypa
     assert traced == [], "a concrete draw traced a host callback"
     jax.jit(svi.update).lower(state, X, y)
     assert traced, "the training step no longer records divergences on the host"
-
-
-@pytest.mark.parametrize("full_rank", [False, True], ids=["diagonal", "cholesky"])
-def test_the_setup_call_draw_is_the_chain_start_for_its_key(full_rank):
-    """``svi.init``'s draw (``_q_draw``) is the start of the chain the same key runs,
-    with its log q: the two share the start's random stream."""
-    from numpyro_uha.core import annealed_sample, make_params
-
-    loc = jnp.asarray([0.5, -1.0, 2.0])
-    scale = jnp.asarray([[1.0, 0.0, 0.0], [0.3, 0.5, 0.0], [0.1, 0.2, 2.0]]) if full_rank else (
-        jnp.asarray([1.0, 0.5, 2.0])
-    )
-    params = make_params(loc, scale, num_transitions=3, step_size=0.1)
-    key = jax.random.PRNGKey(7)
-    z, log_q = guide_module._q_draw(key, loc, scale, host=True)
-    _, _, info = annealed_sample(key, lambda x: -0.5 * jnp.sum(x**2), params)
-    np.testing.assert_array_equal(z, info.initial_position)
-    np.testing.assert_allclose(log_q, info.log_q_initial, rtol=1e-6)

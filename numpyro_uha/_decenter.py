@@ -233,13 +233,16 @@ def _two_traces(model, args, kwargs):
 
 def find_decenterable(model, args, kwargs, scaled: bool = False) -> list[str]:
     """Latent loc-scale sites whose loc or scale depends on other latent variables
-    (random walks excepted: :data:`NOT_AUTOMATIC`).
+    (random walks excepted: :data:`NOT_AUTOMATIC`), and correlated ones whose fixed
+    ``scale_tril`` is :func:`strongly_correlated` (a latent field under a fixed kernel).
 
     The model is traced at two random points of its unconstrained latent space (NumPyro's
     ``init_to_uniform``, as its autoguides initialize; improper priors included): a site
     qualifies when its distribution is a loc-scale family of real support, unmasked and
     unscaled (``scaled``: scaled ones too, e.g. a subsampled plate's N/B), and its loc or
-    scale differs between the two traces. Validation is off at those points and a point
+    scale differs between the two traces, or (a MultivariateNormal or
+    MultivariateStudentT) its ``scale_tril`` at the first is strongly correlated
+    (:func:`_qualifies`). Validation is off at those points and a point
     where the model raises is replaced by another (:func:`_two_traces`). With concrete
     arguments the two traces are first compiled as one program whose outputs are only
     the candidate sites' parameters (:func:`_compiled_comparison`); a model that cannot

@@ -477,10 +477,12 @@ def _fit(kind, model, args, lr, steps, num_draws, K):
 
 
 def _warned(row) -> bool:
-    """Whether ``UHAGuide`` warned about the fit: any of its warnings but the one about
-    the machine's memory maps (``UHAMemoryMapWarning``, which says nothing of the fit)."""
+    """Whether ``UHAGuide`` warned about the fit: any of its warnings but those about the
+    machine (``UHAMemoryMapWarning``: its memory maps; ``UHALinalgHangWarning``: its
+    jaxlib), which say nothing of the fit."""
     return any(
-        w.startswith(("UHA", "RuntimeWarning")) and not w.startswith("UHAMemoryMapWarning")
+        w.startswith(("UHA", "RuntimeWarning"))
+        and not w.startswith(("UHAMemoryMapWarning", "UHALinalgHangWarning"))
         for w in row.get("warnings", ())
     )
 

@@ -17,6 +17,7 @@ from numpyro_uha.guide import (
     UHAWorseThanStartWarning,
     WeightedDraws,
 )
+from numpyro_uha._linalg_hang import UHALinalgHangWarning
 from numpyro_uha._memory_maps import UHAMemoryMapWarning
 from numpyro_uha.core.sharding import shard_particles
 from numpyro_uha.io import load_fit, save_fit
@@ -38,6 +39,7 @@ __all__ = [
     "UHAImproperPosteriorWarning",
     "UHASupportWarning",
     "UHANonfiniteDrawsWarning",
+    "UHALinalgHangWarning",
     "UHAMemoryMapWarning",
     "WeightedDraws",
     "load_fit",

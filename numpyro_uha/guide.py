@@ -44,7 +44,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 from numpyro.infer.util import log_density as model_log_density
 
-from numpyro_uha import _decenter, _enumerate, _hidden, _supports
+from numpyro_uha import _decenter, _enumerate, _hidden, _linalg_hang, _supports
 from numpyro_uha._compiled_init import compiled_initialization
 from numpyro_uha._divergence import (
     DIVERGENCE_ENERGY,  # noqa: F401 - guide.DIVERGENCE_ENERGY, as before
@@ -1397,7 +1397,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 # finds it compiled
                 program.lower(rows, arrays, model_params).compile()
             call = lambda zs: program(zs, arrays, model_params)  # noqa: E731
-            if "callback" in str(program.trace(rows, arrays, model_params).jaxpr):
+            jaxpr_text = str(program.trace(rows, arrays, model_params).jaxpr)
+            _linalg_hang.warn_if_linalg_may_hang(jaxpr_text)
+            if "callback" in jaxpr_text:
                 # a model calling the host (jax.pure_callback, which needs the GIL): each
                 # call waited for (its results are the next step's input anyway); with
                 # several queued, the callback could wait on a thread holding the GIL

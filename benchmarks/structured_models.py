@@ -50,7 +50,7 @@ from numpyro.handlers import reparam
 from numpyro.infer import MCMC, NUTS, init_to_median
 from numpyro.infer.reparam import LocScaleReparam
 
-from benchmarks.applied_models import _cell, _fit, _warned, compare, f32
+from benchmarks.applied_models import _cell, _fit, compare, f32, render
 from benchmarks.common import write_results
 from benchmarks.zoo_models import latent_sites
 
@@ -356,41 +356,12 @@ def main(argv=None):
                 print(f"{name:20s} {kind:10s} {lr:g}  {_cell(row)}  {row.get('seconds', 0):.0f} s",
                       flush=True)
 
-    lrs = args.lrs
-    head = " | ".join(f"{g} {lr:g}" for g in args.guides for lr in lrs)
-    lines = [
-        f"Each guide at its defaults (`UHAGuide(model, K={args.K})`), `Trace_ELBO`, "
-        f"`optax.adam(lr)`, {args.steps} steps of `svi.run`, seed 0; {args.draws} draws of "
-        f"`sample_posterior` against NUTS ({args.nuts[0]} warm-up, {args.nuts[1]} draws, one "
-        "chain). Each cell: ✓/✗ (right = max |mean error|/sd ≤ 0.5 and mean |log sd ratio| "
-        "≤ 0.3), then max |mean error|/sd / the smallest sd ratio; ⚠ = `UHAGuide` warned "
-        "(the warnings are listed below the table). `pmf` is scored on U Vᵀ and its "
-        f"scalars (U, V are identified only up to a rotation). Data drawn with "
-        f"`--data-seed {args.data_seed}`."
-        + (f" Run with `XLA_FLAGS={os.environ['XLA_FLAGS']}`." if os.environ.get("XLA_FLAGS") else ""),
-        "",
-        f"| model | d | NUTS divergences | {head} |",
-        "|---|---|---|" + "---|" * (len(args.guides) * len(lrs)),
-    ]
-    by = {(r["model"], r["guide"], r["lr"]): r for r in rows}
-    for name in names:
-        first = next(r for r in rows if r["model"] == name)
-        cells = " | ".join(_cell(by[(name, g, lr)]) for g in args.guides for lr in lrs)
-        lines.append(f"| {name} | {first['nuts']['dim']} | {first['nuts']['divergences']} | {cells} |")
-    lines += ["", "Right, of the models:", ""]
-    for g in args.guides:
-        for lr in lrs:
-            cells = [r for r in rows if r["guide"] == g and r["lr"] == lr]
-            right = sum(bool(r.get("right")) for r in cells)
-            silent = sum(not r.get("right") and not _warned(r) for r in cells)
-            lines.append(f"- {g} {lr:g}: {right}/{len(cells)} right"
-                         + (f", {silent} wrong without a warning" if g == "UHAGuide" else ""))
-    lines += ["", "What `UHAGuide` said (first 200 characters of each warning):", ""]
-    for r in rows:
-        if r["guide"] == "UHAGuide" and (r.get("warnings") or "error" in r):
-            said = r.get("warnings") or [r["error"]]
-            lines.append(f"- {r['model']} {r['lr']:g}: " + " / ".join(w.replace("|", "\\|") for w in said))
-    path = write_results(args.name, {"rows": rows, "args": vars(args)}, "\n".join(lines))
+    notes = (
+        " `pmf` is scored on U Vᵀ and its scalars (U, V are identified only up to a "
+        f"rotation). Data drawn with `--data-seed {args.data_seed}`."
+        + (f" Run with `XLA_FLAGS={os.environ['XLA_FLAGS']}`." if os.environ.get("XLA_FLAGS") else "")
+    )
+    path = write_results(args.name, {"rows": rows, "args": vars(args)}, render(rows, names, args, notes))
     print(path)
 
 

@@ -352,17 +352,23 @@ def _time_all(args, baseline_tree):
         runs[LATER] = []
         filled = tempfile.mkdtemp(prefix="numpyro-uha-executables-")
         time_init(model, "UHAGuide", executables=filled)  # an earlier process, untimed
+        def add(column, result):
+            # each process's result as it comes: a run cut short (a device's time limit)
+            # still says what it measured
+            runs[column].append(result)
+            print("timed", model, column, result, flush=True)
+
         for _ in range(args.repeats):  # interleaved: every guide once per round
             for guide in GUIDES:
-                runs[guide].append(time_init(model, guide))
-            runs[LATER].append(time_init(model, "UHAGuide", executables=filled))
+                add(guide, time_init(model, guide))
+            add(LATER, time_init(model, "UHAGuide", executables=filled))
             if baseline_tree:
-                runs[BASELINE].append(time_init(model, "UHAGuide", baseline_tree))
+                add(BASELINE, time_init(model, "UHAGuide", baseline_tree))
             for guide, _ in _extras(args):
                 try:  # an experiment: its failure is a cell of the table, not the run's end
-                    runs[guide].append(time_init(model, guide, device=args.warm_start_device))
+                    add(guide, time_init(model, guide, device=args.warm_start_device))
                 except RuntimeError as e:
-                    runs[guide].append({"error": str(e).splitlines()[-1][:200]})
+                    add(guide, {"error": str(e).splitlines()[-1][:200]})
         shutil.rmtree(filled, ignore_errors=True)
         for guide, results in runs.items():
             rows[model][guide] = _summary(results)

@@ -9,7 +9,8 @@ UHAGuide setup, 3 steps and 100 draws of a hierarchical logistic regression, XLA
 compile time fell from 30.9 s to 12-16 s (2 cores, jax 0.10.1), the loss the same to the
 last digit; four of the heaviest test files (74 tests, ``-n 2``) from 244 s to 152 s.
 Both change what the programs compute by floating-point rounding at most. A setting the
-user made in ``XLA_FLAGS`` is kept. They are set before JAX creates its CPU backend,
+user made in ``XLA_FLAGS`` is kept, and a flag this jaxlib's XLA does not know (XLA aborts
+the process on one) is left out: each is tried once in a subprocess first. They are set before JAX creates its CPU backend,
 which no test module has done when this runs, and reach the subprocesses the tests start
 through ``XLA_FLAGS`` (runners that replace it add them back).
 
@@ -32,13 +33,52 @@ import atexit
 import gc
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
 
-#: XLA's CPU flags for every program of the run (this process's, and through XLA_FLAGS its
-#: workers' and subprocesses'), each unless the user's XLA_FLAGS set it.
-SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+#: XLA's CPU flags wanted for every program of the run (this process's, and through
+#: XLA_FLAGS its workers' and subprocesses'), each unless the user's XLA_FLAGS set it.
+WANTED_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+#: where the controlling process leaves the flags its jaxlib accepted, for its workers
+_ACCEPTED_ENV = "NUMPYRO_UHA_SUITE_XLA_FLAGS"
+
+
+def _xla_starts_with(flags) -> bool:
+    """Whether JAX's CPU backend starts with ``flags`` added to ``XLA_FLAGS``: XLA aborts
+    the whole process on a flag it does not know, and jaxlib releases retire flags (an
+    H200 machine's jaxlib 0.11.2 ended every test worker at its start, one of these flags
+    the likely cause), so each is tried in a subprocess first (about 1.5 s, once per run)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS"), *flags]))
+    probe = "import jax, jax.numpy as jnp; jnp.zeros(()).block_until_ready()"
+    try:
+        run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return False
+    return run.returncode == 0
+
+
+def _accepted_flags(wanted) -> tuple:
+    """The flags of ``wanted`` this jaxlib's XLA accepts (all of them in one probe where
+    it accepts all; else one by one)."""
+    if not wanted or _xla_starts_with(wanted):
+        return tuple(wanted)
+    return tuple(f for f in wanted if _xla_starts_with([f]))
+
+
+#: the flags of WANTED_XLA_FLAGS the user did not set and this jaxlib accepts (decided
+#: once, by the controlling process; its xdist workers read its answer)
+if _ACCEPTED_ENV in os.environ:
+    SUITE_XLA_FLAGS = tuple(os.environ[_ACCEPTED_ENV].split())
+else:
+    SUITE_XLA_FLAGS = _accepted_flags(tuple(
+        f for f in WANTED_XLA_FLAGS if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")
+    ))
+    os.environ[_ACCEPTED_ENV] = " ".join(SUITE_XLA_FLAGS)
 for _flag in SUITE_XLA_FLAGS:
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), _flag]))

@@ -224,7 +224,50 @@ def quick_compiler_options(platform: str | None = None) -> dict | None:
     platform = jax.default_backend() if platform is None else platform
     if platform != "cpu":
         return None
-    return {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    return known_compiler_options(platform, QUICK_CPU_OPTIONS)
+
+
+#: :func:`quick_compiler_options` on CPU (those this process's XLA knows)
+QUICK_CPU_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+
+
+#: (platform, option name, value) -> whether this process's XLA accepts the option
+_KNOWN_OPTIONS: dict = {}
+
+
+def known_compiler_options(platform: str, options: dict) -> dict | None:
+    """``options`` without those this process's XLA does not know: XLA adds and retires
+    its debug options between jaxlib releases (``xla_cpu_use_fusion_emitters`` is one such
+    CPU option), and ``jax.jit(..., compiler_options=...)`` with an unknown one fails at
+    the first call ("No such compile option"), where leaving it out only compiles the
+    program as XLA's defaults would. Each option is tried once per process on a trivial
+    program for ``platform`` (a millisecond or two; all at once first, one by one only
+    where that fails). ``None`` where none is left."""
+    todo = [item for item in options.items() if (platform, *item) not in _KNOWN_OPTIONS]
+    if todo:
+        with _COMPILE_LOCK:
+            todo = [item for item in todo if (platform, *item) not in _KNOWN_OPTIONS]
+            if todo and _compiles_with(platform, dict(todo)):
+                _KNOWN_OPTIONS.update({(platform, *item): True for item in todo})
+            else:
+                for item in todo:
+                    _KNOWN_OPTIONS[(platform, *item)] = _compiles_with(platform, dict([item]))
+    kept = {k: v for k, v in options.items() if _KNOWN_OPTIONS[(platform, k, v)]}
+    return kept or None
+
+
+def _compiles_with(platform: str, options: dict) -> bool:
+    """Whether a trivial program for a ``platform`` device compiles with ``options``
+    (ahead of time: no call, so also where a JAX transform is tracing)."""
+    device = jax.devices(platform)[0]
+    arg = jax.ShapeDtypeStruct((), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=options).lower(arg).compile()
+    except Exception as error:  # noqa: BLE001 - XLA's error type varies across jaxlibs
+        if "compile option" in str(error).lower():
+            return False
+        raise
+    return True
 
 
 def _on_device(args, static_argnums, device):

@@ -4,7 +4,12 @@ The pure-JAX algorithm lives in :mod:`numpyro_uha.core`; :class:`UHAGuide` is th
 AutoGuide built on it.
 """
 
-from numpyro_uha.guide import (
+# before anything starts JAX's backends: XLA reads XLA_FLAGS then (_linalg_hang.py)
+from numpyro_uha import _linalg_hang
+
+_linalg_hang.added = _linalg_hang.avoid_hang()
+
+from numpyro_uha.guide import (  # noqa: E402
     GROUPS,
     UHADivergenceError,
     UHADivergenceWarning,

@@ -2669,10 +2669,10 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 name = self._param_name(short)
                 if name in params:
                     self._check_param_shape(short, jnp.shape(params[name]))
-        if self._latch_name in params:
-            check_latch(params[self._latch_name], self._divergence, "in the params given")
-        bad = self._checked_params.get(params)
-        if bad is None:
+        # what the params say, kept for the same params (a repeated draw call reads
+        # nothing back: on a GPU each read is a copy and a wait)
+        seen = self._checked_params.get(params)
+        if seen is None:
             # NumPy, not jnp: under an outer jit even a concrete value's jnp result is
             # traced. One device_get: the copies to the host overlap (one wait, not one
             # per param).
@@ -2689,7 +2689,11 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 name for name, value in host.items()
                 if not all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree.leaves(value))
             )
-            self._checked_params.put(params, bad)
+            seen = (bad, host.get(self._latch_name))
+            self._checked_params.put(params, seen)
+        bad, latch = seen
+        if latch is not None:  # every call with these params warns, as before
+            check_latch(latch, self._divergence, "in the params given")
         if bad:
             raise FloatingPointError(
                 f"UHAGuide: parameter(s) {bad} contain NaN or inf; the training run diverged. "
@@ -3009,6 +3013,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 draws = self._handle_nonfinite(draws, finite, bad, sample_shape, nonfinite)
                 if draws.num_dropped:
                     return draws
+        if len(sample_shape) == 1:  # already (num_draws, ...): no reshape to dispatch
+            return WeightedDraws(*draws[:4])
         return WeightedDraws(*jax.tree.map(
             lambda x: jnp.reshape(x, sample_shape + jnp.shape(x)[1:]), tuple(draws[:4])
         ))

@@ -2664,15 +2664,15 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         (if concrete)."""
         if _is_tracer(params):
             return
-        if self._init_values is not None:
-            for short in self._init_values:
-                name = self._param_name(short)
-                if name in params:
-                    self._check_param_shape(short, jnp.shape(params[name]))
         # what the params say, kept for the same params (a repeated draw call reads
         # nothing back: on a GPU each read is a copy and a wait)
         seen = self._checked_params.get(params)
         if seen is None:
+            if self._init_values is not None:
+                for short in self._init_values:
+                    name = self._param_name(short)
+                    if name in params:
+                        self._check_param_shape(short, jnp.shape(params[name]))
             # NumPy, not jnp: under an outer jit even a concrete value's jnp result is
             # traced. One device_get: the copies to the host overlap (one wait, not one
             # per param).
@@ -2961,7 +2961,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             else:
                 # the padding kept for the weight summary (one program per padded size,
                 # not per num_draws)
-                padded = _join(chunks)
+                padded = chunks[0] if num_chunks == 1 else _join(chunks)
                 out = _first(padded, num_draws)
         else:
             # Traced (under an outer jit or vmap): one program, batched in one scan.
@@ -4243,7 +4243,8 @@ def _chunkable(rng_key, num_draws, params, arrays) -> bool:
     least one draw."""
     if not num_draws or _is_tracer((rng_key, params, arrays)):
         return False
-    return not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key)
+    dtype = rng_key.dtype if isinstance(rng_key, jax.Array) else jnp.asarray(rng_key).dtype
+    return not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def _keys_from(rng_key, offset, num):
@@ -4307,9 +4308,10 @@ def _is_factor(site) -> bool:
 
 
 @partial(jax.jit, static_argnums=1)
+@partial(jax.jit, static_argnums=1)
 def _first(tree, num_draws):
-    """The first ``num_draws`` of every leaf: one program per count (an eager slice
-    compiled one per leaf shape)."""
+    """The first ``num_draws`` of every leaf: one program per count and tree (one
+    dispatch for the whole tree, not an eager slice per leaf)."""
     return jax.tree.map(lambda x: x[:num_draws], tree)
 
 

@@ -40,7 +40,7 @@ step 150 startup python3 -m benchmarks.startup --models hierarchical_logistic --
 step 100 draw_batch python3 -m benchmarks.draw_batch --datasets sonar madelon --num-draws 10000 --batch-sizes 1024 4096 16384 --repeats 5 --name draw_batch_gpu
 step 180 speed python3 -m benchmarks.speed --datasets sonar madelon --runs 1 --repeats 5 --num-draws 10000 --memory-K 64 --name speed_gpu_16
 step 50 draw_overhead python3 -m benchmarks.draw_overhead --repeats 30 --name draw_overhead_gpu
-step 150 tests python3 -m pytest -o addopts="" -m "not slow" -n 4 --max-worker-restart=0 -q -p no:cacheprovider tests/test_suite_flags.py tests/core/test_xla_options.py tests/test_draw_batches.py tests/test_sharding.py tests/test_guide_usage.py tests/test_save_resume.py tests/test_weight_summary.py tests/test_warm_start_device.py tests/test_xla_fused_reduction.py tests/test_laplace_start.py
+step 150 tests python3 -m pytest -o addopts="" -m "not slow" -n 4 --max-worker-restart=0 -q -p no:cacheprovider tests/test_suite_flags.py tests/core/test_xla_options.py tests/test_draw_batches.py tests/test_draw_call_params.py tests/test_sharding.py tests/test_guide_usage.py tests/test_save_resume.py tests/test_weight_summary.py tests/test_warm_start_device.py tests/test_xla_fused_reduction.py tests/test_laplace_start.py
 step 50 draw_overhead_checked python3 -m benchmarks.draw_overhead --dataset australian --warm-start-steps 1000 --repeats 30 --name draw_overhead_checked_gpu
 ls "$OUT/results"
 (cd "$OUT" && tar czf all.tgz --exclude=all.tgz -- * && find . -type f ! -name all.tgz -delete)

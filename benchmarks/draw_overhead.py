@@ -22,6 +22,10 @@ process, medians of ``--repeats`` calls after two:
 - ``chain, checks made``: ``chain`` with the draws' mean and spread checks made in its
   program (what a call does where k̂ < 0.7, which an untrained guide's weights rarely
   are: the plain rows above then skip them);
+- ``in plain: <part>``: the mean time per plain call spent in each of its parts
+  (``_check_params``, the summary's copy to the host, which waits for the chain, k̂'s
+  fit, the warnings, ...), timed inside the calls: what the plain call does around its
+  chain, part by part;
 - ``checks in NumPy``: the same checks as calls made them before they moved into the
   chain's program (up to 2^20 latent values): the draws copied to the host and the
   formulas of ``_weights.check_values`` in float64 NumPy.
@@ -33,6 +37,7 @@ call apart; the plain, keep and in-jit rows use the public API only.
 from __future__ import annotations
 
 import argparse
+import time
 import warnings
 
 import jax
@@ -60,6 +65,50 @@ def _median_ms(fn, repeats):
     jax.block_until_ready(fn())
     jax.block_until_ready(fn())
     return 1e3 * median_time(fn, repeats)
+
+
+#: the plain call's parts timed by ``_time_parts``: (owner, attribute); a wait for the
+#: device shows in the part that waits (the summary's copy to the host)
+PARTS = (
+    (guide_module.UHAGuide, "_check_params"),
+    (guide_module, "_chunkable"),
+    (guide_module, "_first"),
+    (guide_module, "_join"),
+    (guide_module, "summary_from_values"),
+    (guide_module, "weight_summary"),
+    (guide_module, "summary_khat"),
+    (guide_module, "_warn_poor_fit"),
+    (guide_module.UHAGuide, "_warn_if_worse"),
+    (guide_module.UHAGuide, "_warn_if_draws_biased"),
+    (guide_module.UHAGuide, "_handle_nonfinite"),
+)
+
+
+def _time_parts(fn, repeats):
+    """Mean milliseconds per call of each of :data:`PARTS` over ``repeats`` calls of
+    ``fn`` (wrapped with a timer for these calls only; parts not called are left out)."""
+    spent, originals = {}, []
+    for owner, name in PARTS:
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+        originals.append((owner, name, original))
+
+        def timed(*a, _original=original, _name=name, **k):
+            start = time.perf_counter()
+            try:
+                return _original(*a, **k)
+            finally:
+                spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+    try:
+        for _ in range(repeats):
+            jax.block_until_ready(fn())
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+    return {name: 1e3 * t / repeats for name, t in sorted(spent.items(), key=lambda x: -x[1])}
 
 
 def main(argv=None):
@@ -97,6 +146,8 @@ def main(argv=None):
         key, params, X, y, sample_shape=(n,), nonfinite="keep").log_weights, np.float64)))
     rows = {}
     rows["plain"] = _median_ms(plain(), args.repeats)
+    # the plain call's parts, each timed inside the calls (means over the calls)
+    parts = _time_parts(plain(), args.repeats)
     rows["keep"] = _median_ms(plain(nonfinite="keep"), args.repeats)
     guide._start_elbo = (-1e9, 1.0)  # a start that never warns
     rows["with a start"] = _median_ms(plain(), args.repeats)
@@ -143,6 +194,9 @@ def main(argv=None):
                 )
 
         rows["checks in NumPy"] = _median_ms(numpy_checks, args.repeats)
+
+    for name, ms in parts.items():
+        rows[f"in plain: {name}"] = ms
 
     device = jax.devices()[0]
     md = (

@@ -7,7 +7,7 @@ AutoGuide built on it.
 # before anything starts JAX's backends: XLA reads XLA_FLAGS then (_linalg_hang.py)
 from numpyro_uha import _linalg_hang
 
-_linalg_hang.added = _linalg_hang.avoid_hang()
+_linalg_hang.avoid_hang()
 
 from numpyro_uha.guide import (  # noqa: E402
     GROUPS,

@@ -93,16 +93,13 @@ def avoid_hang(environ=None) -> bool:
     environ = os.environ if environ is None else environ
     if environ.get(OPT_OUT, "") not in ("", "0"):
         return False
-    if jaxlib.__version__.split(".")[:2] != ["0", "10"]:
+    if not affected(backend="cpu"):  # this jaxlib's CPU kernels are not the ones
         return False
     if _flag_named(environ.get("XLA_FLAGS", "")) or _backends_started() is not False:
         return False
     environ["XLA_FLAGS"] = " ".join(filter(None, [environ.get("XLA_FLAGS", ""), FLAG]))
     return True
 
-
-#: whether ``import numpyro_uha`` added :data:`FLAG` (set by the package's __init__)
-added = False
 
 #: ``XLA_FLAGS`` as JAX's backends read it: captured at the first setup that asks
 #: (after the backends started), so a later change of the variable does not count

@@ -4308,10 +4308,8 @@ def _is_factor(site) -> bool:
 
 
 @partial(jax.jit, static_argnums=1)
-@partial(jax.jit, static_argnums=1)
 def _first(tree, num_draws):
-    """The first ``num_draws`` of every leaf: one program per count and tree (one
-    dispatch for the whole tree, not an eager slice per leaf)."""
+    """The first ``num_draws`` of every leaf: one program per count and tree."""
     return jax.tree.map(lambda x: x[:num_draws], tree)
 
 

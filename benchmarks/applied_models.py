@@ -535,8 +535,10 @@ def render(rows, names, args, notes: str = "") -> str:
     return "\n".join(lines)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(description: str, name: str, data_seed: int) -> argparse.ArgumentParser:
+    """The command line of a benchmark of models against NUTS (this one's and
+    ``benchmarks.structured_models``'): its results' ``name`` and data seed by default."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--models", nargs="+", default=None)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 1e-2])
@@ -545,8 +547,13 @@ def main(argv=None):
     parser.add_argument("--nuts", type=int, nargs=2, default=[1000, 2000], metavar=("WARMUP", "DRAWS"))
     parser.add_argument("--guides", nargs="+", default=["UHAGuide", "AutoNormal"])
     parser.add_argument("--smoke", action="store_true", help="one model, 20 steps")
-    parser.add_argument("--name", default="applied_models")
-    parser.add_argument("--data-seed", type=int, default=22, help="seed of the synthetic data")
+    parser.add_argument("--name", default=name)
+    parser.add_argument("--data-seed", type=int, default=data_seed, help="seed of the synthetic data")
+    return parser
+
+
+def main(argv=None):
+    parser = arguments(__doc__.split("\n\n")[0], "applied_models", 22)
     args = parser.parse_args(argv)
     cases = _cases(args.data_seed)
     names = args.models or [n for n in cases if n not in SLOW_REFERENCE]

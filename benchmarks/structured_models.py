@@ -37,7 +37,6 @@ means and sds, NUTS's and each guide's, and each site's scores (``per_site``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -50,7 +49,7 @@ from numpyro.handlers import reparam
 from numpyro.infer import MCMC, NUTS, init_to_median
 from numpyro.infer.reparam import LocScaleReparam
 
-from benchmarks.applied_models import _cell, _fit, compare, f32, render
+from benchmarks.applied_models import _cell, _fit, arguments, compare, f32, render
 from benchmarks.common import write_results
 from benchmarks.zoo_models import latent_sites
 
@@ -299,17 +298,7 @@ def _per_site(draws, reference) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=None)
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 1e-2])
-    parser.add_argument("--K", type=int, default=32)
-    parser.add_argument("--draws", type=int, default=2000)
-    parser.add_argument("--nuts", type=int, nargs=2, default=[1000, 2000], metavar=("WARMUP", "DRAWS"))
-    parser.add_argument("--guides", nargs="+", default=["UHAGuide", "AutoNormal"])
-    parser.add_argument("--smoke", action="store_true", help="one model, 20 steps")
-    parser.add_argument("--name", default="structured_models")
-    parser.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic data")
+    parser = arguments(__doc__.split("\n\n")[0], "structured_models", 0)
     args = parser.parse_args(argv)
     cases = _cases(args.data_seed)
     names = args.models or list(cases)

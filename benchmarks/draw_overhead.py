@@ -22,14 +22,6 @@ process, medians of ``--repeats`` calls after two:
 - ``chain, checks made``: ``chain`` with the draws' mean and spread checks made in its
   program (what a call does where k̂ < 0.7, which an untrained guide's weights rarely
   are: the plain rows above then skip them);
-- ``select: top_k`` / ``select: sort``: the summary's pick of the largest weights (for
-  k̂) alone, by ``lax.top_k`` and by a sort of all of them (``_weights.select_largest``);
-  ``chain, top_k`` / ``chain, sort``: the chain's program with each (its default:
-  top_k on a CPU, the sort elsewhere);
-- ``chain at width w``: the chain's program at narrower widths (less padding computed in
-  vain: ``num_draws`` itself, and the width at eight widths per doubling,
-  ``CHUNK_STEPS_PER_OCTAVE = 8``); ``plain at width w`` and ``keep at width w``: the
-  plain and keep calls with eight widths per doubling;
 - ``in plain: <part>``: the mean time per plain call spent in each of its parts
   (``_check_params``, the summary's copy to the host, which waits for the chain, k̂'s
   fit, the warnings, ...), timed inside the calls: what the plain call does around its
@@ -45,12 +37,10 @@ call apart; the plain, keep and in-jit rows use the public API only.
 from __future__ import annotations
 
 import argparse
-from functools import partial
 import time
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from numpyro.infer import SVI, Trace_ELBO
@@ -58,12 +48,10 @@ from numpyro.infer import SVI, Trace_ELBO
 from benchmarks.common import write_results
 from benchmarks.common import median_time
 from numpyro_uha import UHAGuide
-from numpyro_uha import _weights as weights_module
 from numpyro_uha import guide as guide_module
 from numpyro_uha._weights import (
     check_values,
     psis_khat,
-    select_largest,
     summary_from_values,
     summary_khat,
     summary_largest,
@@ -94,30 +82,6 @@ PARTS = (
     (guide_module.UHAGuide, "_warn_if_draws_biased"),
     (guide_module.UHAGuide, "_handle_nonfinite"),
 )
-
-
-#: the static arguments of the guide's draw program (UHAGuide._draws)
-STATIC = ("batch_size", "spec", "corrected", "with_info", "with_samples", "sharding", "split")
-
-
-def _with_selection(draw_impl, method, *args, **kwargs):
-    """``draw_impl`` traced with ``_weights.SELECT_LARGEST = method``."""
-    old = weights_module.SELECT_LARGEST
-    weights_module.SELECT_LARGEST = method
-    try:
-        return draw_impl(*args, **kwargs)
-    finally:
-        weights_module.SELECT_LARGEST = old
-
-
-def _eighths(n):
-    """The chunk width of ``n`` draws at eight widths per doubling."""
-    steps = guide_module.CHUNK_STEPS_PER_OCTAVE
-    guide_module.CHUNK_STEPS_PER_OCTAVE = 8
-    try:
-        return guide_module._chunk_bucket(n)
-    finally:
-        guide_module.CHUNK_STEPS_PER_OCTAVE = steps
 
 
 def _time_parts(fn, repeats):
@@ -220,36 +184,6 @@ def main(argv=None):
             lambda: draw(key, batch_size=width, **checked), args.repeats
         )
         latent = out[2][:n]
-        # the summary's selection of the largest weights, top_k against a sort (on a
-        # CPU the chain's programs use top_k, elsewhere the sort: _weights.select_largest)
-        masked = jnp.where(out[4], out[1], -jnp.inf)
-        for method in ("top_k", "sort"):
-            select = jax.jit(partial(select_largest, k=summary_largest(n), method=method))
-            rows[f"select: {method} of {width}"] = _median_ms(lambda: select(masked), args.repeats)
-            # the chain's program with that selection (traced anew: a program of its own)
-            program = jax.jit(partial(_with_selection, guide._draw_impl, method),
-                              static_argnames=STATIC)
-            rows[f"chain, {method}"] = _median_ms(
-                lambda: program(key, batch_size=width, **chain), args.repeats
-            )
-        # narrower chunks: less padding computed in vain
-        for w in sorted({n, _eighths(n)}):
-            if w < width:
-                rows[f"chain at width {w}"] = _median_ms(
-                    lambda: draw(key, batch_size=w, **chain), args.repeats
-                )
-        if _eighths(n) < width:
-            steps = guide_module.CHUNK_STEPS_PER_OCTAVE
-            guide_module.CHUNK_STEPS_PER_OCTAVE = 8
-            guide._jitted_draws = {}  # a new program: widths chosen afresh
-            try:
-                rows[f"plain at width {_eighths(n)}"] = _median_ms(plain(), args.repeats)
-                rows[f"keep at width {_eighths(n)}"] = _median_ms(
-                    plain(nonfinite="keep"), args.repeats
-                )
-            finally:
-                guide_module.CHUNK_STEPS_PER_OCTAVE = steps
-                guide._jitted_draws = {}
 
         def numpy_checks():
             lw, ok, z = jax.device_get((log_w, finite, latent))

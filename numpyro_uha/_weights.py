@@ -386,32 +386,6 @@ class WeightSummary(NamedTuple):
     checks: np.ndarray | None = None
 
 
-#: How :func:`select_largest` picks the largest weights: ``"auto"`` (``lax.top_k`` on a
-#: CPU, a full sort elsewhere), ``"top_k"`` or ``"sort"``. Read when a program is traced.
-SELECT_LARGEST = "auto"
-
-
-def _top_k(x, k):
-    return jax.lax.top_k(x, k)[0]
-
-
-def _sort_largest(x, k):
-    return jnp.flip(jnp.sort(x)[x.shape[0] - k:])
-
-
-def select_largest(x, k, method=None):
-    """The ``k`` largest of the 1-D ``x`` (no NaN), largest first, by ``method``
-    (default :data:`SELECT_LARGEST`)."""
-    method = SELECT_LARGEST if method is None else method
-    if method == "top_k":
-        return _top_k(x, k)
-    if method == "sort":
-        return _sort_largest(x, k)
-    return jax.lax.platform_dependent(
-        x, cpu=partial(_top_k, k=k), default=partial(_sort_largest, k=k),
-    )
-
-
 def summary_values(
     log_weights, finite, threshold, num_largest, num_valid=None, latent=None, check=True,
 ):
@@ -444,7 +418,7 @@ def summary_values(
     high = jnp.max(jnp.where(ok, lw, -jnp.inf))
     largest = jnp.zeros((0,), lw.dtype)
     if num_largest:
-        largest = select_largest(jnp.where(ok, lw, -jnp.inf), num_largest)
+        largest = jax.lax.top_k(jnp.where(ok, lw, -jnp.inf), num_largest)[0]
     counts = jnp.stack([num_finite, num_below]).astype(jnp.int32)
     stats = [jnp.stack([mean, sd, low, high]).astype(lw.dtype), largest]
     if latent is not None:

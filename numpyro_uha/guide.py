@@ -259,7 +259,6 @@ POOR_WEIGHTS_MEANING = (
 
 #: The narrowest chunk of draws sample_posterior compiles (see UHAGuide._draws).
 DRAW_CHUNK_MIN = 64
-CHUNK_STEPS_PER_OCTAVE = 2
 
 #: Default ``sample_batch_size`` per CPU device: about a thousand draws at a time (more
 #: are slower per draw on CPUs), and not 1024: XLA:CPU's programs on 1024 (or 2048)
@@ -4150,13 +4149,14 @@ def _step_device(spec):
 
 
 def _chunk_bucket(num_draws: int) -> int:
-    """The smallest width at or above ``num_draws`` of the form 2^k (1 + j / s), j < s, s
-    = ``CHUNK_STEPS_PER_OCTAVE``, at least ``DRAW_CHUNK_MIN``."""
+    """The smallest width at or above ``num_draws`` of the form 2^k or 3 · 2^(k-1) (64,
+    96, 128, 192, 256, ...: at most a third computed in vain), at least
+    ``DRAW_CHUNK_MIN``: the sizes the draws' key split and chunk widths are compiled for."""
     if num_draws <= DRAW_CHUNK_MIN:
         return DRAW_CHUNK_MIN
-    half = (1 << (num_draws - 1).bit_length()) // 2
-    step = max(half // CHUNK_STEPS_PER_OCTAVE, 1)
-    return half + -(-(num_draws - half) // step) * step
+    power = 1 << (num_draws - 1).bit_length()
+    three_quarters = 3 * power // 4
+    return three_quarters if three_quarters >= num_draws else power
 
 
 def _on_mesh(sharding, tree):

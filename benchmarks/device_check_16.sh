@@ -7,23 +7,22 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 -d .gpu_wheels \
 #     arviz==0.23.4 xarray-einstats==0.9.1 h5netcdf==1.8.2 platformdirs==4.14.8
-# In order, most wanted first: 0. whether XLA knows the suite's CPU flag; 1. start-up
-# beside AutoNormal, and two experiments for the warm start's model-free steps: on the
-# host CPU (warm_start_device="cpu") and compiled at XLA's quick GPU options (if either is
-# faster on the GPU, make it the GPU default); 2. draws against sample_batch_size and the
-# cost floor (10 000 sonar / madelon draws); 3. the speed benchmark (SVI step and draws vs
-# AutoDAIS and the floor); 4. one draw call taken apart (benchmarks.draw_overhead), on the
-# untrained sonar guide; 5. the draw, sharding, usage, weight-summary and
-# warm-start-device tests on the GPU; 6. the draw call taken apart on a warm-started
-# australian guide, whose calls run the draws' mean and spread checks. Scaling on one GPU was measured twice (results/gpu_h200*)
-# and is left out. Everything under $OUT ends in $OUT/all.tgz: the device tool brings
-# back at most 8 files. About 8 minutes on an H200, at most BUDGET (560) seconds: run
-# it with the tool's timeout_s at 600.
+# In order, most wanted first: 0. whether XLA knows the suite's CPU flag; 1. draws
+# against sample_batch_size and the cost floor (10 000 sonar / madelon draws); 2. one
+# draw call taken apart (benchmarks.draw_overhead, the untrained sonar guide); 3. the
+# draw, sharding, usage, weight-summary and warm-start-device tests on the GPU; 4.
+# start-up beside AutoNormal, with two experiments for the warm start's model-free
+# steps: on the host CPU (warm_start_device="cpu") and compiled at XLA's quick GPU options
+# (if either is faster on the GPU, make it the GPU default). The speed benchmark (SVI
+# step and draws against AutoDAIS: results/gpu_h200_1204) and scaling on one GPU
+# (results/gpu_h200*) are left out. Everything under $OUT ends in $OUT/all.tgz: the
+# device tool brings back at most 8 files. About 8 minutes on an H200, at most BUDGET
+# (520) seconds: run it with the tool's timeout_s at 560.
 source "$(dirname "$0")/device_env.sh"
 # Each step within its own limit and within BUDGET seconds in all (the device tool's
 # per-call limit is 600 s): a step that would not fit is cut short or skipped, and the
 # results are packed at the end whatever happened.
-BUDGET=${BUDGET:-560}
+BUDGET=${BUDGET:-520}
 step() {
   local t=$1 name=$2; shift 2
   local left=$((BUDGET - SECONDS - 15))
@@ -35,12 +34,10 @@ step() {
 # aborts a process on an unknown flag in XLA_FLAGS: on 2026-12-04 every test worker died
 # at its start on jaxlib 0.11.2; the suite and the package now leave such a flag out).
 step 30 xla_flag env XLA_FLAGS=--xla_cpu_use_fusion_emitters=false python3 -c "import jax; print(jax.numpy.zeros(()).block_until_ready(), jax.devices('cpu'))"
+step 100 draw_batch python3 -m benchmarks.draw_batch --datasets sonar madelon --num-draws 10000 --batch-sizes 4096 16384 --repeats 5 --name draw_batch_gpu
+step 60 draw_overhead python3 -m benchmarks.draw_overhead --repeats 30 --name draw_overhead_gpu
+step 150 tests python3 -m pytest -o addopts="" -m "not slow" -n 4 --max-worker-restart=0 -q -p no:cacheprovider tests/test_suite_flags.py tests/core/test_xla_options.py tests/test_draw_batches.py tests/test_draw_call_params.py tests/test_sharding.py tests/test_guide_usage.py tests/test_save_resume.py tests/test_weight_summary.py tests/test_biased_draws.py tests/test_warm_start_device.py tests/test_xla_fused_reduction.py tests/test_laplace_start.py
 # 7 fresh processes of ~15 s each on the H200 (2 repeats did not fit 200 s on 2026-12-04)
 step 150 startup python3 -m benchmarks.startup --models hierarchical_logistic --repeats 1 --warm-start-device cpu --quick-gpu-options --name startup_gpu
-step 100 draw_batch python3 -m benchmarks.draw_batch --datasets sonar madelon --num-draws 10000 --batch-sizes 1024 4096 16384 --repeats 5 --name draw_batch_gpu
-step 180 speed python3 -m benchmarks.speed --datasets sonar madelon --runs 1 --repeats 5 --num-draws 10000 --memory-K 64 --name speed_gpu_16
-step 50 draw_overhead python3 -m benchmarks.draw_overhead --repeats 30 --name draw_overhead_gpu
-step 150 tests python3 -m pytest -o addopts="" -m "not slow" -n 4 --max-worker-restart=0 -q -p no:cacheprovider tests/test_suite_flags.py tests/core/test_xla_options.py tests/test_draw_batches.py tests/test_draw_call_params.py tests/test_sharding.py tests/test_guide_usage.py tests/test_save_resume.py tests/test_weight_summary.py tests/test_warm_start_device.py tests/test_xla_fused_reduction.py tests/test_laplace_start.py
-step 50 draw_overhead_checked python3 -m benchmarks.draw_overhead --dataset australian --warm-start-steps 1000 --repeats 30 --name draw_overhead_checked_gpu
 ls "$OUT/results"
 (cd "$OUT" && tar czf all.tgz --exclude=all.tgz -- * && find . -type f ! -name all.tgz -delete)

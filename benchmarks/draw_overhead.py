@@ -14,11 +14,18 @@ process, medians of ``--repeats`` calls after two:
 - ``chain``: the guide's compiled draw program alone, at the width a plain call uses
   (the key split, the chain and the summary of the weights the checks read);
 - ``join``: the slice of that chunk to ``num_draws`` (dispatch and wait);
-- ``summary copy``: that summary copied to the host (already computed: the copy alone);
+- ``summary copy``: that summary copied to the host again (JAX keeps an array's host
+  copy: this times the bookkeeping, not a transfer); ``chain, summary to host``: the
+  chain's program and the first copy of its summary, the plain call's wait;
+- ``small program`` and ``..., 1 array to host`` / ``2 arrays to host``: a tiny program,
+  then with one or both of its two fresh outputs copied (each array its own transfer: the
+  summary is one array since 2026-12-04);
 - ``summary, own program``: the same summary made by a program of its own from the
   sliced weights, as calls of more than one chunk make it;
 - ``k̂ from the summary`` and ``psis_khat``: Pareto k̂ on the host from the summary's
-  largest weights, and from all of them (``psis_khat``, NumPy's partition first);
+  largest weights, and from all of them (``psis_khat``, NumPy's partition first); ``k̂
+  from the summary, the device's``: what the plain call does, the device's fit read
+  (the host fits only near 0.7 or a rounding boundary);
 - ``chain, checks made``: ``chain`` with the draws' mean and spread checks made in its
   program (what a call does where k̂ < 0.7, which an untrained guide's weights rarely
   are: the plain rows above then skip them);
@@ -41,6 +48,7 @@ import time
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from numpyro.infer import SVI, Trace_ELBO
@@ -171,12 +179,29 @@ def main(argv=None):
         rows["summary copy"] = _median_ms(
             lambda: summary_from_values(fused, n, summary_largest(n)), args.repeats
         )
+        # the chain with its summary copied to the host: the plain call's wait
+        rows["chain, summary to host"] = _median_ms(
+            lambda: jax.device_get(draw(key, batch_size=width, **chain)[5]), args.repeats
+        )
+        # copies of fresh (not yet copied) device arrays: one array against two
+        small = jax.jit(lambda x: (x[:2].astype(jnp.int32), x + 1.0))
+        x = jnp.zeros(400)
+        rows["small program"] = _median_ms(lambda: small(x), args.repeats)
+        rows["small program, 1 array to host"] = _median_ms(
+            lambda: jax.device_get(small(x)[1]), args.repeats
+        )
+        rows["small program, 2 arrays to host"] = _median_ms(
+            lambda: jax.device_get(small(x)), args.repeats
+        )
         _, log_w, _, _, finite = guide_module._join([tuple(out)], n)
         rows["summary, own program"] = _median_ms(
             lambda: weight_summary(log_w, finite, khat=True), args.repeats
         )
         summary = summary_from_values(fused, n, summary_largest(n))
         rows["k̂ from the summary"] = _median_ms(lambda: summary_khat(summary, n), args.repeats)
+        rows["k̂ from the summary, the device's"] = _median_ms(
+            lambda: summary_khat(summary, n, exact=False), args.repeats
+        )
         host = np.asarray(log_w, np.float64)
         rows["psis_khat"] = _median_ms(lambda: psis_khat(host), args.repeats)
         checked = dict(chain, check=np.bool_(True))

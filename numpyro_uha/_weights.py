@@ -384,19 +384,96 @@ class WeightSummary(NamedTuple):
     #: ``(4, d)``: the draws' checks made with the summary (:func:`check_values`), or
     #: ``None`` where they were not
     checks: np.ndarray | None = None
+    #: k̂ fitted on the device in the weights' dtype (:func:`khat_values`; NaN where it
+    #: was not, or where the host must fit)
+    khat: float = math.nan
+
+
+#: Where the device's k̂ (:func:`khat_values`, float32) is not used but k̂ refitted on
+#: the host in float64 (:func:`summary_khat` ``exact=False``): within this much of
+#: ``KHAT_BAD`` or of a boundary of k̂'s rounding to two decimals (the warnings print
+#: it so), times max(1, |k̂|). The device's k̂ differs from the host's by less than 1e-5
+#: on the weights of tests/test_weight_summary.py (a tenth of this, at most).
+KHAT_DEVICE_MARGIN = 1e-4
+
+
+def _tail_size_traced(n):
+    """:func:`tail_size` of a traced count ``n`` (int32, at most 10^8), in integers:
+    min(⌈n/5⌉, ⌈3√n⌉), ⌈3√n⌉ the least c with c² ≥ 9n."""
+    c = jnp.ceil(3.0 * jnp.sqrt(n.astype(jnp.float32))).astype(jnp.int32)
+    c = jnp.where((c - 1) * (c - 1) >= 9 * n, c - 1, c)
+    c = jnp.where(c * c < 9 * n, c + 1, c)
+    return jnp.minimum((n + 4) // 5, c)
+
+
+def khat_values(largest, n):
+    """The device side of :func:`summary_khat`: Pareto k̂ of ``n`` (traced) log weights
+    from their ``largest`` (descending, at least ``_top_count(n)``; -inf past the finite
+    ones), traceable, in the weights' dtype: :func:`_khat_from_largest`'s selection and
+    :func:`_gpdfit_rows`' fit with every length masked (the tail's and the candidates'
+    counts depend on ``n`` and the weights). ``inf`` where the tail has 4 weights or
+    fewer (as ``psislw``); NaN where the host must fit instead: too few weights for
+    the tail selection (``psislw`` on all of them), a tail reaching 80 nats below the
+    largest (the float64 fit's cutoff and exp differ there from float32's), more than
+    10^8 weights, or a fit that left the finite numbers."""
+    x = largest.astype(jnp.promote_types(largest.dtype, jnp.float32))
+    size = x.shape[0]
+    n = jnp.asarray(n, jnp.int32)
+    top = jnp.minimum(_tail_size_traced(n) + 1, n)  # _top_count(n)
+    index = jnp.arange(size)
+    low = x[jnp.clip(top - 1, 0, size - 1)]  # the cutoff: the top-th largest
+    shifted = x - x[0]
+    # the tail: the weights above the cutoff, compared unshifted (exactly the host's set)
+    tail = (index < top - 1) & (x > low)
+    t = jnp.sum(tail)
+    cutoff = low - x[0]
+    ary = jnp.where(tail, jnp.exp(shifted) - jnp.exp(cutoff), 0.0)  # descending
+    # the fit (_gpdfit_rows), on the t tail weights: ascending position i is t - 1 - i
+    m_max = _num_thetas(size)
+    m = 30 + jnp.floor(jnp.sqrt(t.astype(x.dtype))).astype(jnp.int32)
+    j = jnp.arange(1, m_max + 1)
+    valid = j <= m
+    quartile = ary[jnp.clip(t - jnp.floor(t / 4 + 0.5).astype(jnp.int32), 0, size - 1)]
+    theta = 1 - jnp.sqrt(m / jnp.where(valid, j - 0.5, 1.0).astype(x.dtype))
+    theta = theta / (3 * quartile) + 1 / ary[0]
+    tf = jnp.maximum(t, 1).astype(x.dtype)
+
+    def profile(th):  # k(θ) = mean log(1 - θ x) over the tail
+        return jnp.sum(jnp.where(tail, jnp.log1p(-th[..., None] * ary), 0.0), axis=-1) / tf
+
+    k = profile(theta)
+    len_scale = tf * (jnp.log(-(theta / k)) - k - 1)
+    diff = jnp.where(valid[:, None] & valid[None, :], len_scale[None, :] - len_scale[:, None], -jnp.inf)
+    weights = jnp.where(valid, 1 / jnp.sum(jnp.exp(diff), axis=1), 0.0)
+    weights = jnp.where(weights >= 10 * np.finfo(np.float64).eps, weights, 0.0)
+    weights = weights / jnp.sum(weights)
+    theta_hat = jnp.sum(jnp.where(valid, theta * weights, 0.0))
+    k_hat = profile(theta_hat)
+    k_hat = (tf * k_hat + 10 * 0.5) / (tf + 10)
+    selected = (top == _tail_size_traced(n) + 1) & (cutoff > -80.0) & (n <= 10**8)
+    fitted = (
+        (quartile > 0) & jnp.all(jnp.where(valid, jnp.isfinite(len_scale), True))
+        & jnp.isfinite(k_hat)
+    )
+    return jnp.where(
+        selected & (t <= 4), jnp.inf, jnp.where(selected & fitted, k_hat, jnp.nan)
+    ).astype(largest.dtype)
 
 
 def summary_values(
     log_weights, finite, threshold, num_largest, num_valid=None, latent=None, check=True,
 ):
     """The device side of :func:`weight_summary`, traceable inside a larger program:
-    ``num_finite, num_below`` and ``mean, sd, low, high, *largest`` of the ``finite``
-    log weights (only the first ``num_valid``, a traced count, where given: the rest
-    are padding), ``largest`` the ``num_largest`` largest with the others at -inf; two
-    arrays, two copies to the host (a GPU copies each array on its own). With the draws'
-    ``latent`` (``(n, d)``), their :func:`check_values` follow ``largest`` in the second
-    array (``4 d`` values; zeros where ``check``, a traced flag, is false: one program
-    either way, the checks run only where asked for)."""
+    ``num_finite, num_below`` (their bits in the statistics' dtype), ``mean, sd, low,
+    high``, ``khat`` and ``*largest`` of the ``finite`` log weights (only the first
+    ``num_valid``, a traced count, where given: the rest are padding), ``largest`` the
+    ``num_largest`` largest with the others at -inf and ``khat`` the device's fit from
+    them (:func:`khat_values`; NaN without ``num_largest``): one array in the log
+    weights' dtype (at least float32), one copy to the host (a GPU copies each array on
+    its own, a round trip each). With the draws' ``latent`` (``(n, d)``), their
+    :func:`check_values` follow ``largest`` (``4 d`` values; zeros where ``check``, a
+    traced flag, is false: one program either way, the checks run only where asked
+    for)."""
     lw = jnp.ravel(log_weights)
     ok = jnp.ravel(finite)
     if num_valid is not None:
@@ -416,20 +493,31 @@ def summary_values(
     num_below = jnp.sum(ok & (lw < threshold))
     low = jnp.min(jnp.where(ok, lw, jnp.inf))
     high = jnp.max(jnp.where(ok, lw, -jnp.inf))
-    largest = jnp.zeros((0,), lw.dtype)
+    dtype = jnp.promote_types(lw.dtype, jnp.float32)  # room for the counts' bits
+    largest = jnp.zeros((0,), dtype)
+    khat = jnp.full((1,), jnp.nan, dtype)
     if num_largest:
-        largest = jax.lax.top_k(jnp.where(ok, lw, -jnp.inf), num_largest)[0]
-    counts = jnp.stack([num_finite, num_below]).astype(jnp.int32)
-    stats = [jnp.stack([mean, sd, low, high]).astype(lw.dtype), largest]
+        largest = jax.lax.top_k(jnp.where(ok, lw, -jnp.inf), num_largest)[0].astype(dtype)
+        khat = khat_values(largest, lw.shape[0] if num_valid is None else num_valid)[None]
+    # the counts' bits in the statistics' dtype: one array, one copy to the host
+    counts = jax.lax.bitcast_convert_type(
+        jnp.stack([num_finite, num_below]).astype(_bits(dtype)), dtype
+    )
+    stats = [counts, jnp.stack([mean, sd, low, high]).astype(dtype), khat, largest]
     if latent is not None:
         z = jnp.reshape(latent, (lw.shape[0], -1))
         checks = jax.lax.cond(
             check,
-            lambda: check_values(lw, ok, z).astype(lw.dtype),
-            lambda: jnp.zeros((4, z.shape[1]), lw.dtype),
+            lambda: check_values(lw, ok, z).astype(dtype),
+            lambda: jnp.zeros((4, z.shape[1]), dtype),
         )
         stats.append(jnp.ravel(checks))
-    return counts, jnp.concatenate(stats)
+    return jnp.concatenate(stats)
+
+
+def _bits(dtype):
+    """The signed integer dtype of ``dtype``'s width."""
+    return np.dtype(f"int{8 * np.dtype(dtype).itemsize}")
 
 
 _weight_summary = partial(jax.jit, static_argnames=("num_largest",))(summary_values)
@@ -445,7 +533,7 @@ def weight_summary(
     log_weights, finite, *, threshold=-np.inf, khat=False, latent=None, check=True,
     num_valid=None,
 ):
-    """One program on the device and two small copies to the host, instead of
+    """One program on the device and one small copy to the host, instead of
     the ``n`` log weights: the count of ``finite`` draws, the mean, variance (ddof 1),
     minimum and maximum of their log weights, how many lie below ``threshold``, and (with
     ``khat``) the ``tail_size(n) + 1`` largest, from which :func:`summary_khat` gives
@@ -477,26 +565,49 @@ def summary_from_values(
     where the values carry their checks (``summary_values(latent=...)``)."""
     # no median: it would take a sort, which XLA:CPU runs 10-20 times slower than NumPy's
     # partition (1M weights: 0.22 s); the warning that prints it takes it from the weights
-    (num_finite, num_below), stats = jax.device_get(values)
+    stats = np.asarray(jax.device_get(values))
+    num_finite, num_below = stats[:2].view(_bits(stats.dtype))
     checks = None
     if latent_dim is not None:
         stats, checks = stats[:stats.size - 4 * latent_dim], stats[stats.size - 4 * latent_dim:]
         checks = np.asarray(checks, np.float64).reshape(4, latent_dim)
-    mean, sd, low, high = stats[:4]
-    largest = np.asarray(stats[4:])
+    mean, sd, low, high, khat = stats[2:7]
+    largest = np.asarray(stats[7:])
     if largest.size < num_largest:
         raise ValueError(f"summary_from_values: {largest.size} largest, {num_largest} needed")
     var = float(sd) ** 2  # in float64: finite where the log weights' dtype overflows
     return WeightSummary(int(num_finite), float(mean), var, math.nan, int(num_below),
-                         float(low), float(high), largest[:num_largest], checks)
+                         float(low), float(high), largest[:num_largest], checks, float(khat))
 
 
-def summary_khat(summary, n) -> float:
+def summary_khat(summary, n, exact=True) -> float:
     """:func:`psis_khat` of ``n`` log weights (non-finite ones as -inf) from their
-    :func:`weight_summary` (taken with ``khat=True``)."""
+    :func:`weight_summary` (taken with ``khat=True``). With ``exact=False``, the k̂ the
+    device fitted with the summary (float32: within 1e-5 of the host's), except where
+    it lies within ``KHAT_DEVICE_MARGIN`` of ``KHAT_BAD`` or of a boundary of its
+    rounding to two decimals, or where the device left the fit to the host: there the
+    float64 fit on the host (0.2 ms), so a verdict or a printed k̂ is the exact one's."""
     if summary.num_finite == n and summary.low == summary.high:
         return -math.inf  # all equal: no tail
+    if not exact and _device_khat_decides(summary.khat):
+        return summary.khat
     return _khat_from_largest(summary.largest, n)
+
+
+def _device_khat_decides(khat) -> bool:
+    """Whether the device's ``khat`` stands for the host's: inf (too short a tail) or
+    finite and clear of ``KHAT_BAD`` and of the rounding boundaries (see
+    :func:`summary_khat`)."""
+    if khat == math.inf:
+        return True
+    if not math.isfinite(khat):
+        return False
+    margin = KHAT_DEVICE_MARGIN * max(1.0, abs(khat))
+    hundredths = 100 * khat
+    return (
+        abs(khat - KHAT_BAD) > margin
+        and abs(hundredths - math.floor(hundredths) - 0.5) > 100 * margin
+    )
 
 
 #: the shift of a coordinate's mean by the weights (in sds of the draws) above which the

@@ -2996,7 +2996,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             if start is not None:
                 self._warn_if_worse(summary, start, stacklevel=3, log_weights=log_weights)
             if judge and summary.num_finite >= 2:
-                khat = summary_khat(summary, num_draws)
+                khat = summary_khat(summary, num_draws, exact=False)
                 spread = float(summary.high - summary.mean)
                 _warn_poor_fit(
                     khat, math.sqrt(summary.var / summary.num_finite), summary.num_finite,

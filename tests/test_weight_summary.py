@@ -13,6 +13,7 @@ fit vectorized over many columns (``UHALocalGuide.log_z``'s data points), is ``p
 k̂ column by column to 1e-10.
 """
 
+import math
 import sys
 import warnings
 
@@ -374,7 +375,7 @@ def test_the_draws_do_not_take_a_high_khat_of_nearly_equal_weights_for_a_poor_fi
     """The draw methods' own check (from the weights' device summary): a k̂ of 3 on the
     fitted conjugate model's nearly equal weights warns of nothing."""
     guide, params = fitted
-    monkeypatch.setattr(guide_module, "summary_khat", lambda summary, n: 3.0)
+    monkeypatch.setattr(guide_module, "summary_khat", lambda summary, n, exact=True: 3.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         draws = guide.sample_posterior_with_log_weights(
@@ -401,3 +402,99 @@ def test_khat_counts_element_by_element_is_its_rule_set_by_set():
     for k, f, s, w in zip(khat, num_finite, spread, want):
         one = khat_counts(float(k), int(f), size, None if np.isnan(s) else float(s))
         assert one is bool(w)
+
+
+def _float32_sets():
+    for name, lw in WEIGHT_SETS:
+        lw = np.asarray(lw, np.float32)  # the device's weights (the host fits them in float64)
+        if np.isfinite(lw).any():
+            yield name, lw
+
+
+def test_the_device_khat_is_the_hosts_to_float32_rounding():
+    """k̂ fitted on the device with the summary (``khat_values``, float32) against
+    ``psis_khat`` of the same weights in float64, over every weight set: within 1e-5
+    (relative, for |k̂| > 1; a tenth of ``KHAT_DEVICE_MARGIN``, the band where the draws
+    refit on the host), inf where the host's is (a tail of 4 weights or fewer), and left
+    to the host (NaN) only where the tail reaches 80 nats below the largest weight
+    (float32's exp underflows there; the Cauchy sets)."""
+    compared = 0
+    for name, lw in _float32_sets():
+        summary = weight_summary(jnp.asarray(lw), jnp.isfinite(lw), khat=True)
+        want = psis_khat(lw.astype(np.float64))
+        top = np.sort(lw)[::-1][:summary_largest(lw.size)]
+        if np.isnan(summary.khat):
+            assert top[-1] - top[0] <= -80.0, (name, want)
+        elif np.isinf(summary.khat):
+            assert summary.khat == want, name
+        else:
+            compared += 1
+            tolerance = 0.1 * weights_module.KHAT_DEVICE_MARGIN * max(1.0, abs(want))
+            assert abs(summary.khat - want) <= tolerance, (name, summary.khat, want)
+    assert compared > 30  # the fit itself, not only its edge cases
+
+
+def test_the_device_khat_counts_only_the_first_num_valid_weights():
+    """Padding after ``num_valid`` weights (the chain's last chunk) leaves k̂ the valid
+    weights' own: the tail size, the cutoff and the candidates all follow the traced
+    count, not the padded size."""
+    rng = np.random.default_rng(5)
+    for n in (300, 1000, 10000):
+        lw = rng.standard_t(4, n).astype(np.float32)
+        padded = np.concatenate([lw, rng.normal(size=n // 3).astype(np.float32) + 50.0])
+        summary = weight_summary(
+            jnp.asarray(padded), jnp.ones(padded.size, bool), khat=True, num_valid=n
+        )
+        want = psis_khat(lw.astype(np.float64))
+        assert abs(summary.khat - want) <= 1e-5 * max(1.0, abs(want)), (n, summary.khat, want)
+
+
+def test_the_summary_is_one_array_whose_counts_are_exact_past_float32s_integers():
+    """One copy to the host: the summary is one array, the counts carried as their bits
+    (2^24 + 1 draws: float32 would round the count to 2^24)."""
+    n = 2**24 + 1
+    values = weights_module._weight_summary(
+        jnp.zeros(n), jnp.ones(n, bool), np.float32(1.0), num_largest=0, num_valid=None,
+    )
+    assert isinstance(values, jax.Array) and values.dtype == jnp.float32
+    summary = summary_from_values(values, n, 0)
+    assert (summary.num_finite, summary.num_below) == (n, n)
+
+
+def test_inexact_khat_is_the_devices_except_near_a_verdict_or_a_rounding_boundary():
+    """``summary_khat(exact=False)`` takes the device's k̂ where it is clear of
+    ``KHAT_BAD`` and of the two-decimal rounding boundaries, and fits on the host (the
+    exact k̂) within ``KHAT_DEVICE_MARGIN`` of them or where the device gave NaN."""
+    lw = np.random.default_rng(2).standard_t(2, 4000) * 3.0
+    summary = weight_summary(jnp.asarray(lw, jnp.float32), jnp.ones(lw.size, bool), khat=True)
+    exact = psis_khat(np.asarray(lw, np.float32).astype(np.float64))
+    assert summary_khat(summary, lw.size) == exact
+    margin = weights_module.KHAT_DEVICE_MARGIN
+    for device, decides in [
+        (1.2345678, True), (0.61, True), (math.inf, True),
+        (0.7 + 0.5 * margin, False), (0.7 - 0.5 * margin, False),
+        (1.235 + 0.5 * margin, False), (0.125 - 0.5 * margin, False), (math.nan, False),
+    ]:
+        got = summary_khat(summary._replace(khat=device), lw.size, exact=False)
+        assert got == (device if decides else exact), (device, got)
+
+
+def test_the_draws_judge_by_the_devices_khat_without_a_host_fit(fitted, monkeypatch):
+    """sample_posterior's k̂ check reads the device's fit (no host fit where it is clear
+    of the boundaries) and prints the k̂ ``psis_khat`` gives its weights."""
+    guide, params = fitted
+    sd = _marginal_std(params["auto_scale_tril"])
+    broken = dict(params, auto_loc=params["auto_loc"] + 8 * sd)
+    fits = []
+    host_fit = weights_module._khat_from_largest
+    monkeypatch.setattr(weights_module, "_khat_from_largest",
+                        lambda *a: fits.append(1) or host_fit(*a))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        draws = guide.sample_posterior_with_log_weights(
+            jax.random.PRNGKey(3), broken, cm.Y, sample_shape=(1000,)
+        )
+    assert not fits
+    khat = psis_khat(np.asarray(draws.log_weights, np.float64))
+    poor = [w for w in caught if "importance weights say" in str(w.message)]
+    assert len(poor) == 1 and f"Pareto k̂ = {khat:.2f}" in str(poor[0].message)

@@ -19,7 +19,12 @@ process, medians of ``--repeats`` calls after two:
   chain's program and the first copy of its summary, the plain call's wait;
 - ``small program`` and ``..., 1 array to host`` / ``2 arrays to host``: a tiny program,
   then with one or both of its two fresh outputs copied (each array its own transfer: the
-  summary is one array since 2026-12-04);
+  summary is one array since 2026-12-04); ``..., output in host memory, to host``: the
+  program writes that output to the host's memory itself (``jax.memory.Space.Host``);
+- ``chain, summary to host (made in device / host memory)`` and ``plain, summary made in
+  device / host memory``: the chain with its summary's first copy, and the plain call,
+  with the summary left in the device's memory or written to the host's by the chain's
+  program (``guide.SUMMARY_IN_HOST_MEMORY``);
 - ``summary, own program``: the same summary made by a program of its own from the
   sliced weights, as calls of more than one chunk make it;
 - ``k̂ from the summary`` and ``psis_khat``: Pareto k̂ on the host from the summary's
@@ -90,6 +95,16 @@ PARTS = (
     (guide_module.UHAGuide, "_warn_if_draws_biased"),
     (guide_module.UHAGuide, "_handle_nonfinite"),
 )
+
+
+def _try(rows, label, measure):
+    """``rows[label] = measure()``, or NaN with the error printed (an experiment that a
+    backend may not support)."""
+    try:
+        rows[label] = measure()
+    except Exception as error:  # noqa: BLE001 - reported, the other rows go on
+        print(f"{label}: {type(error).__name__}: {error}"[:2000])
+        rows[label] = float("nan")
 
 
 def _time_parts(fn, repeats):
@@ -172,7 +187,8 @@ def main(argv=None):
         # the plain call's own program: a traced offset and checks flag (a constant one
         # would compile another program)
         chain.update(split=True, num_valid=np.int32(n), threshold=-np.inf,
-                     offset=np.uint32(0), check=np.bool_(False))
+                     offset=np.uint32(0), check=np.bool_(False),
+                     summary_to_host=guide_module._summary_in_host_memory())
         rows["chain"] = _median_ms(lambda: draw(key, batch_size=width, **chain), args.repeats)
         *out, fused = draw(key, batch_size=width, **chain)
         rows["join"] = _median_ms(lambda: guide_module._join([tuple(out)], n), args.repeats)
@@ -193,6 +209,28 @@ def main(argv=None):
         rows["small program, 2 arrays to host"] = _median_ms(
             lambda: jax.device_get(small(x)), args.repeats
         )
+        # the same with the program writing its second output to the host's memory
+        small_host = jax.jit(
+            lambda x: (x[:2].astype(jnp.int32), jax.device_put(x + 1.0, jax.memory.Space.Host))
+        )
+        _try(rows, "small program, output in host memory, to host", lambda: _median_ms(
+            lambda: jax.device_get(small_host(x)[1]), args.repeats
+        ))
+        # the chain and the plain call with the summary in the device's and the host's
+        # memory (guide.SUMMARY_IN_HOST_MEMORY; the plain rows above: its default here)
+        for to_host in (False, True):
+            where = "host" if to_host else "device"
+            at = dict(chain, summary_to_host=to_host)
+            _try(rows, f"chain, summary to host (made in {where} memory)", lambda: _median_ms(
+                lambda: jax.device_get(draw(key, batch_size=width, **at)[5]), args.repeats
+            ))
+            default = guide_module.SUMMARY_IN_HOST_MEMORY
+            guide_module.SUMMARY_IN_HOST_MEMORY = to_host
+            try:
+                _try(rows, f"plain, summary made in {where} memory",
+                     lambda: _median_ms(plain(), args.repeats))
+            finally:
+                guide_module.SUMMARY_IN_HOST_MEMORY = default
         _, log_w, _, _, finite = guide_module._join([tuple(out)], n)
         rows["summary, own program"] = _median_ms(
             lambda: weight_summary(log_w, finite, khat=True), args.repeats

@@ -259,6 +259,12 @@ POOR_WEIGHTS_MEANING = (
 
 #: The narrowest chunk of draws sample_posterior compiles (see UHAGuide._draws).
 DRAW_CHUNK_MIN = 64
+#: Whether the chain's program (draws in one program, unsharded) writes the weight
+#: summary its checks read to the host's pinned memory itself, so that reading it needs
+#: no device-to-host copy of its own: ``"auto"`` (on a GPU, where such a copy of a small
+#: fresh array took 0.5 ms, 0.9 ms after the chain: benchmarks/draw_overhead.py), ``True``
+#: or ``False``. Read per call; programs are compiled per value.
+SUMMARY_IN_HOST_MEMORY = "auto"
 
 #: Default ``sample_batch_size`` per CPU device: about a thousand draws at a time (more
 #: are slower per draw on CPUs), and not 1024: XLA:CPU's programs on 1024 (or 2048)
@@ -2775,6 +2781,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
     def _draw_impl(
         self, keys, params, arrays, batch_size, spec, corrected, with_info, with_samples=True,
         sharding=None, split=False, num_valid=None, threshold=None, offset=None, check=False,
+        summary_to_host=False,
     ):
         """``(samples, log_weights, latent, info, finite)`` of the draws with ``keys``;
         ``finite`` flags the draws whose log weight and latent are finite. With
@@ -2784,7 +2791,9 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
         the first ``num_valid`` draws' weight summary (:func:`~numpyro_uha._weights.
         summary_values`, ``threshold`` its ``num_below``'s; where ``check``, a traced
         flag, the draws' mean and spread checks too) is a sixth output, made in the same
-        program (the rest are padding, dropped by the caller)."""
+        program (the rest are padding, dropped by the caller); with ``summary_to_host``,
+        written to the host's memory by the program itself (``jax.memory.Space.Host``:
+        see :data:`SUMMARY_IN_HOST_MEMORY`)."""
         if split:
             keys = _keys_from(keys, 0 if offset is None else offset, batch_size)
         keys = shard_leading(keys, sharding)
@@ -2843,6 +2852,8 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             log_weights, finite, threshold, summary_largest(batch_size), num_valid=num_valid,
             latent=z, check=check,
         )
+        if summary_to_host:
+            summary = jax.device_put(summary, jax.memory.Space.Host)
         return samples, log_weights, z, info, finite, summary
 
     def _draws(
@@ -2877,7 +2888,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 self._draw_impl,
                 static_argnames=(
                     "batch_size", "spec", "corrected", "with_info", "with_samples", "sharding",
-                    "split",
+                    "split", "summary_to_host",
                 ),
             )
         sharding = self.sharding
@@ -2915,11 +2926,12 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
             width = min(cap, _chunk_bucket(num_draws))
             width = -(-width // shards) * shards  # whole shards
             fused = sharding is None and _fold_in_splits(rng_key)
+            to_host = fused and _summary_in_host_memory()
             # a width this program already ran at, up to REUSE_WIDTH_RATIO times wider,
             # rather than a new compilation of the chain (e.g. 100 draws after 1000)
             width = reuse_width(
                 self._jitted_draws[spec],
-                (corrected, with_info, with_samples, sharding, fused,
+                (corrected, with_info, with_samples, sharding, fused, to_host,
                  signature_of((params, arrays))),
                 width, max(cap, width),
             )
@@ -2932,7 +2944,7 @@ class UHAGuide(AutoContinuous, _ScannedPlates):
                 outs = [
                     draw(key, batch_size=width, split=True, offset=np.uint32(i * width),
                          num_valid=np.int32(num_draws), threshold=threshold,
-                         check=np.bool_(judge and num_chunks == 1))
+                         check=np.bool_(judge and num_chunks == 1), summary_to_host=to_host)
                     for i in range(num_chunks)
                 ]
                 chunks = [tuple(out[:5]) for out in outs]
@@ -4146,6 +4158,14 @@ def _step_device(spec):
             f"jax.Device; got {type(spec).__name__}."
         )
     return None if device == jax.local_devices()[0] else device
+
+
+def _summary_in_host_memory() -> bool:
+    """Whether the chain's program writes its weight summary to the host's memory
+    (:data:`SUMMARY_IN_HOST_MEMORY`; "auto": where JAX's default backend is a GPU)."""
+    if SUMMARY_IN_HOST_MEMORY == "auto":
+        return jax.default_backend() == "gpu"
+    return bool(SUMMARY_IN_HOST_MEMORY)
 
 
 def _chunk_bucket(num_draws: int) -> int:

@@ -413,9 +413,10 @@ def _float32_sets():
 
 def test_the_device_khat_is_the_hosts_to_float32_rounding():
     """k̂ fitted on the device with the summary (``khat_values``, float32) against
-    ``psis_khat`` of the same weights in float64, over every weight set: within 1e-5
-    (relative, for |k̂| > 1; a tenth of ``KHAT_DEVICE_MARGIN``, the band where the draws
-    refit on the host), inf where the host's is (a tail of 4 weights or fewer), and left
+    ``psis_khat`` of the same weights in float64, over every weight set: within half of
+    ``KHAT_DEVICE_MARGIN`` (relative, for |k̂| > 1), the band where the draws refit on
+    the host (seen: 8.4e-6 on a CPU, 1.4e-5 on an H200), inf where the host's is (a tail
+    of 4 weights or fewer), and left
     to the host (NaN) only where the tail reaches 80 nats below the largest weight
     (float32's exp underflows there; the Cauchy sets)."""
     compared = 0
@@ -429,7 +430,7 @@ def test_the_device_khat_is_the_hosts_to_float32_rounding():
             assert summary.khat == want, name
         else:
             compared += 1
-            tolerance = 0.1 * weights_module.KHAT_DEVICE_MARGIN * max(1.0, abs(want))
+            tolerance = 0.5 * weights_module.KHAT_DEVICE_MARGIN * max(1.0, abs(want))
             assert abs(summary.khat - want) <= tolerance, (name, summary.khat, want)
     assert compared > 30  # the fit itself, not only its edge cases
 
@@ -446,7 +447,8 @@ def test_the_device_khat_counts_only_the_first_num_valid_weights():
             jnp.asarray(padded), jnp.ones(padded.size, bool), khat=True, num_valid=n
         )
         want = psis_khat(lw.astype(np.float64))
-        assert abs(summary.khat - want) <= 1e-5 * max(1.0, abs(want)), (n, summary.khat, want)
+        tolerance = 0.5 * weights_module.KHAT_DEVICE_MARGIN * max(1.0, abs(want))
+        assert abs(summary.khat - want) <= tolerance, (n, summary.khat, want)
 
 
 def test_the_summary_is_one_array_whose_counts_are_exact_past_float32s_integers():
@@ -480,21 +482,63 @@ def test_inexact_khat_is_the_devices_except_near_a_verdict_or_a_rounding_boundar
 
 
 def test_the_draws_judge_by_the_devices_khat_without_a_host_fit(fitted, monkeypatch):
-    """sample_posterior's k̂ check reads the device's fit (no host fit where it is clear
-    of the boundaries) and prints the k̂ ``psis_khat`` gives its weights."""
+    """sample_posterior's k̂ check reads the device's fit, with no fit on the host where
+    that k̂ is clear of the boundaries (on a CPU it is, here: k̂ 4.44), and prints the k̂
+    ``psis_khat`` gives its weights."""
     guide, params = fitted
     sd = _marginal_std(params["auto_scale_tril"])
     broken = dict(params, auto_loc=params["auto_loc"] + 8 * sd)
-    fits = []
-    host_fit = weights_module._khat_from_largest
+    fits, summaries = [], []
+    host_fit, khat_of = weights_module._khat_from_largest, guide_module.summary_khat
     monkeypatch.setattr(weights_module, "_khat_from_largest",
                         lambda *a: fits.append(1) or host_fit(*a))
+    monkeypatch.setattr(guide_module, "summary_khat",
+                        lambda summary, *a, **k: summaries.append(summary) or khat_of(summary, *a, **k))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         draws = guide.sample_posterior_with_log_weights(
             jax.random.PRNGKey(3), broken, cm.Y, sample_shape=(1000,)
         )
-    assert not fits
+    (summary,) = summaries
+    decides = weights_module._device_khat_decides(summary.khat)
+    assert decides or jax.default_backend() != "cpu"
+    assert bool(fits) == (not decides), (summary.khat, fits)
     khat = psis_khat(np.asarray(draws.log_weights, np.float64))
     poor = [w for w in caught if "importance weights say" in str(w.message)]
     assert len(poor) == 1 and f"Pareto k̂ = {khat:.2f}" in str(poor[0].message)
+
+
+@pytest.mark.parametrize("to_host", [False, True])
+def test_the_chain_writes_its_summary_to_host_memory_where_asked(fitted, monkeypatch, to_host):
+    """``SUMMARY_IN_HOST_MEMORY``: sample_posterior's chain program (traced anew here)
+    is asked to, and then marks its summary for the host's memory (the result's memory
+    kind ``pinned_host``), and only its summary; "auto" does so on a GPU only. The draws
+    are the same either way."""
+    guide, params = fitted
+    key = jax.random.PRNGKey(4)
+    before = guide.sample_posterior(key, params, cm.Y, sample_shape=(300,), nonfinite="keep")
+    monkeypatch.setattr(guide_module, "SUMMARY_IN_HOST_MEMORY", to_host)
+    monkeypatch.setattr(guide, "_jitted_draws", {})  # programs traced anew
+    asked = []
+    draw_impl = type(guide)._draw_impl
+
+    def recording(self, *a, **k):
+        asked.append(k.get("summary_to_host"))
+        return draw_impl(self, *a, **k)
+
+    monkeypatch.setattr(type(guide), "_draw_impl", recording)
+    draws = guide.sample_posterior(key, params, cm.Y, sample_shape=(300,), nonfinite="keep")
+    assert asked == [to_host]
+    for a, b in zip(jax.tree.leaves(draws), jax.tree.leaves(before)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    arrays, spec = guide_module._split_static(((cm.Y,), {}))
+    lowered = guide._jitted_draws[spec].lower(
+        key, params=params, arrays=arrays, spec=spec, corrected=False, with_info=True,
+        with_samples=True, sharding=None, batch_size=guide_module._chunk_bucket(300),
+        split=True, num_valid=np.int32(300), threshold=-np.inf, check=np.bool_(False),
+        offset=np.uint32(0), summary_to_host=to_host,
+    ).as_text()
+    main = next(line for line in lowered.splitlines() if "func.func public @main" in line)
+    assert main.count('memory_kind = "pinned_host"') == int(to_host)
+    monkeypatch.setattr(guide_module, "SUMMARY_IN_HOST_MEMORY", "auto")
+    assert guide_module._summary_in_host_memory() == (jax.default_backend() == "gpu")

@@ -42,7 +42,7 @@ step 30 xla_flag env XLA_FLAGS=--xla_cpu_use_fusion_emitters=false python3 -c "i
 step 60 draw_overhead python3 -m benchmarks.draw_overhead --repeats 30 --name draw_overhead_gpu
 step 100 draw_batch python3 -m benchmarks.draw_batch --datasets sonar madelon --num-draws 10000 --batch-sizes 16384 --repeats 5 --name draw_batch_gpu
 step 150 tests python3 -m pytest -o addopts="" -m "not slow" -n 4 --max-worker-restart=0 -q -p no:cacheprovider tests/test_suite_flags.py tests/core/test_xla_options.py tests/test_draw_batches.py tests/test_draw_call_params.py tests/test_sharding.py tests/test_guide_usage.py tests/test_save_resume.py tests/test_weight_summary.py tests/test_biased_draws.py tests/test_warm_start_device.py tests/test_xla_fused_reduction.py tests/test_laplace_start.py
-step 60 startup_compiles python3 -m benchmarks.startup_compiles --model hierarchical_logistic --name startup_compiles_gpu
+step 90 startup_compiles python3 -m benchmarks.startup_compiles --model hierarchical_logistic --quick-gpu-options --name startup_compiles_gpu
 # 7 fresh processes of ~15 s each on the H200 (2 repeats did not fit 200 s on 2026-12-04)
 step 150 startup python3 -m benchmarks.startup --models hierarchical_logistic --repeats 1 --warm-start-device cpu --quick-gpu-options --name startup_gpu
 ls "$OUT/results"

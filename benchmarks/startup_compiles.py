@@ -5,15 +5,24 @@ traces, lowers and compiles during ``UHAGuide``'s ``svi.init`` (and ``AutoNormal
 first, in the same process or not: ``--after-autonormal``), from JAX's own compile log
 (``jax_log_compiles``: "Finished tracing + transforming", "Finished jaxpr to MLIR
 module conversion", "Finished XLA compilation", each with its seconds), summed per
-program and stage, largest first. One fresh process per guide, so JAX's first-use costs
-land in the first program each compiles.
+program and stage, largest first. One fresh process per guide (UHAGuide's cache of
+compiled steps empty, no JAX persistent cache), so JAX's first-use costs land in the
+first program each compiles.
 
-Run: ``python -m benchmarks.startup_compiles [--model hierarchical_logistic]``.
+``--quick-gpu-options``: UHAGuide twice, its quick programs (NumPyro's initial-point
+search, the warm start's model-free steps) compiled at XLA's default GPU options and at
+``warm_start.QUICK_GPU_OPTIONS`` (``NUMPYRO_UHA_QUICK_GPU_OPTIONS`` 0 and 1), each with
+its start ELBO.
+
+Run: ``python -m benchmarks.startup_compiles [--model hierarchical_logistic]
+[--quick-gpu-options]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 
 from benchmarks.common import run_child, write_results
 
@@ -44,9 +53,19 @@ for name in sys.argv[2:]:
     entries.clear()
     start = time.perf_counter()
     jax.block_until_ready(svi.init(jax.random.PRNGKey(0), *m.args))
-    out[name] = {"seconds": time.perf_counter() - start, "entries": list(entries)}
+    out[name] = {"seconds": time.perf_counter() - start, "entries": list(entries),
+                 "start_elbo": getattr(guide, "_start_elbo", None)}
 print("RESULT", json.dumps(out))
 """
+
+
+def _fresh(model, *guides, **env):
+    """One fresh process's runs, with an empty cache of UHAGuide's compiled steps (as
+    on a machine that never ran UHAGuide) and no JAX persistent cache."""
+    with tempfile.TemporaryDirectory() as empty:
+        environ = dict(os.environ, NUMPYRO_UHA_CACHE_DIR=empty, **env)
+        environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+        return run_child(_CHILD, model, *guides, env=environ)
 
 
 def main(argv=None):
@@ -55,11 +74,19 @@ def main(argv=None):
     parser.add_argument("--after-autonormal", action="store_true",
                         help="set up AutoNormal first in UHAGuide's process")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--quick-gpu-options", action="store_true",
+                        help="also UHAGuide with NUMPYRO_UHA_QUICK_GPU_OPTIONS=1 (and the "
+                             "first UHAGuide with it 0)")
     parser.add_argument("--name", default="startup_compiles")
     args = parser.parse_args(argv)
-    runs = {"AutoNormal": run_child(_CHILD, args.model, "AutoNormal")["AutoNormal"]}
+    runs = {"AutoNormal": _fresh(args.model, "AutoNormal")["AutoNormal"]}
     uha = ["AutoNormal", "UHAGuide"] if args.after_autonormal else ["UHAGuide"]
-    runs["UHAGuide"] = run_child(_CHILD, args.model, *uha)["UHAGuide"]
+    if args.quick_gpu_options:
+        for flag in ("0", "1"):
+            runs[f"UHAGuide, NUMPYRO_UHA_QUICK_GPU_OPTIONS={flag}"] = _fresh(
+                args.model, *uha, NUMPYRO_UHA_QUICK_GPU_OPTIONS=flag)["UHAGuide"]
+    else:
+        runs["UHAGuide"] = _fresh(args.model, *uha)["UHAGuide"]
     md = (
         f"`svi.init` on {args.model}, one fresh process per guide"
         + (" (UHAGuide's after AutoNormal's)" if args.after_autonormal else "")
@@ -73,7 +100,10 @@ def main(argv=None):
         for stage, program, seconds in run["entries"]:
             total[(stage, program)] = total.get((stage, program), 0.0) + seconds
         logged = sum(total.values())
-        md += (f"**{name}**: `svi.init` {run['seconds']:.2f} s, of which {logged:.2f} s "
+        elbo = run.get("start_elbo")
+        md += (f"**{name}**: `svi.init` {run['seconds']:.2f} s"
+               + (f" (start ELBO {elbo[0]:.4f} ± {elbo[1]:.3f})" if elbo else "")
+               + f", of which {logged:.2f} s "
                f"logged in {len(run['entries'])} entries\n\n| stage | program | s |\n|---|---|---|\n")
         for (stage, program), seconds in sorted(total.items(), key=lambda x: -x[1])[:args.top]:
             md += f"| {stage} | `{program}` | {seconds:.3f} |\n"

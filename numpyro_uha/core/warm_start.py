@@ -89,8 +89,9 @@ compiling them.
 
 from __future__ import annotations
 
-import threading
 from functools import wraps
+import os
+import threading
 from typing import Callable, NamedTuple
 
 import jax
@@ -220,8 +221,14 @@ def quick_compiler_options(platform: str | None = None) -> dict | None:
     instead of its fusion emitters (``xla_cpu_use_fusion_emitters``: about half of what
     compiling still costs at that level, measured on the test suite's programs). ``None``
     on other backends. ``platform``: the backend the program runs on (default: JAX's
-    default backend)."""
+    default backend). On a GPU, XLA's lowest backend optimization and no autotuning
+    (:data:`QUICK_GPU_OPTIONS`) where the environment variable
+    ``NUMPYRO_UHA_QUICK_GPU_OPTIONS`` is ``1`` (default :data:`QUICK_GPU_DEFAULT`)."""
     platform = jax.default_backend() if platform is None else platform
+    if platform == "gpu" and os.environ.get(
+        "NUMPYRO_UHA_QUICK_GPU_OPTIONS", QUICK_GPU_DEFAULT
+    ) == "1":
+        return known_compiler_options(platform, QUICK_GPU_OPTIONS)
     if platform != "cpu":
         return None
     return known_compiler_options(platform, QUICK_CPU_OPTIONS)
@@ -229,6 +236,10 @@ def quick_compiler_options(platform: str | None = None) -> dict | None:
 
 #: :func:`quick_compiler_options` on CPU (those this process's XLA knows)
 QUICK_CPU_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+#: ... and on a GPU, where ``NUMPYRO_UHA_QUICK_GPU_OPTIONS`` (default
+#: :data:`QUICK_GPU_DEFAULT`) is ``1``
+QUICK_GPU_OPTIONS = {"xla_backend_optimization_level": 0, "xla_gpu_autotune_level": 0}
+QUICK_GPU_DEFAULT = "0"
 
 
 #: (platform, option name, value) -> whether this process's XLA accepts the option

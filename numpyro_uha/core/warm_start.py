@@ -220,7 +220,7 @@ def quick_compiler_options(platform: str | None = None) -> dict | None:
     the same run time for the warm start's small steps) and XLA's older loop emitters
     instead of its fusion emitters (``xla_cpu_use_fusion_emitters``: about half of what
     compiling still costs at that level, measured on the test suite's programs). ``None``
-    on other backends. ``platform``: the backend the program runs on (default: JAX's
+    on backends other than CPU and GPU. ``platform``: the backend the program runs on (default: JAX's
     default backend). On a GPU, XLA's lowest backend optimization and no autotuning
     (:data:`QUICK_GPU_OPTIONS`) where the environment variable
     ``NUMPYRO_UHA_QUICK_GPU_OPTIONS`` is ``1`` (default :data:`QUICK_GPU_DEFAULT`)."""
@@ -237,9 +237,14 @@ def quick_compiler_options(platform: str | None = None) -> dict | None:
 #: :func:`quick_compiler_options` on CPU (those this process's XLA knows)
 QUICK_CPU_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 #: ... and on a GPU, where ``NUMPYRO_UHA_QUICK_GPU_OPTIONS`` (default
-#: :data:`QUICK_GPU_DEFAULT`) is ``1``
+#: :data:`QUICK_GPU_DEFAULT`) is ``1``: on an H200 (hierarchical logistic regression,
+#: one fresh process each, benchmarks/startup_compiles.py) ``svi.init`` 15.9 s against
+#: 17.7 s at XLA's defaults, the same start ELBO (-129.820 ± 0.028);
+#: benchmarks/results/gpu_h200_1204c
 QUICK_GPU_OPTIONS = {"xla_backend_optimization_level": 0, "xla_gpu_autotune_level": 0}
-QUICK_GPU_DEFAULT = "0"
+#: ``NUMPYRO_UHA_QUICK_GPU_OPTIONS``'s value where it is not set: ``"1"``, the quick
+#: options on a GPU too
+QUICK_GPU_DEFAULT = "1"
 
 
 #: (platform, option name, value) -> whether this process's XLA accepts the option

@@ -80,3 +80,23 @@ def test_the_guide_sets_up_where_a_quick_option_is_unknown(tmp_path):
     assert all(map(lambda v: v == v and abs(v) < 1e6, (out["loss"], out["mu"])))
     # the warm start asked for the made-up option and was told XLA does not know it
     assert ["cpu", UNKNOWN, True, False] in out["probed"]
+
+
+@pytest.mark.parametrize("flag", ["0", "1", None])
+def test_quick_options_on_a_gpu_follow_the_environment(monkeypatch, flag):
+    """On a GPU the quick options are QUICK_GPU_OPTIONS (those XLA knows) where
+    NUMPYRO_UHA_QUICK_GPU_OPTIONS is 1 (by default: QUICK_GPU_DEFAULT), none where 0;
+    the CPU's are unaffected."""
+    asked = []
+    monkeypatch.setattr(warm_start, "known_compiler_options",
+                        lambda platform, options: asked.append(platform) or dict(options))
+    if flag is None:
+        monkeypatch.delenv("NUMPYRO_UHA_QUICK_GPU_OPTIONS", raising=False)
+    else:
+        monkeypatch.setenv("NUMPYRO_UHA_QUICK_GPU_OPTIONS", flag)
+    on = (warm_start.QUICK_GPU_DEFAULT if flag is None else flag) == "1"
+    got = warm_start.quick_compiler_options("gpu")
+    assert got == (warm_start.QUICK_GPU_OPTIONS if on else None)
+    assert asked == (["gpu"] if on else [])
+    assert warm_start.quick_compiler_options("cpu") == warm_start.QUICK_CPU_OPTIONS
+    assert warm_start.quick_compiler_options("tpu") is None

@@ -139,14 +139,24 @@ def time_init(
     """One fresh process's ``svi.init``. ``executables``: the folder of UHAGuide's cache
     of compiled model-free steps (``NUMPYRO_UHA_CACHE_DIR``; default: a new empty one,
     as on a machine that never ran UHAGuide)."""
-    env = dict(os.environ)
     if executables is None:
         with tempfile.TemporaryDirectory() as empty:
             return time_init(model, guide, tree, cache, device, executables=empty)
+    env = child_env(executables, cache, tree)
+    return run_child(_CHILD, model, guide, *([device] if device else []), env=env, cwd=tree)
+
+
+def child_env(executables: str, cache: str | None = None, tree: str | None = None,
+              **extra: str) -> dict:
+    """The environment of a timed fresh process: this one's with ``extra``, UHAGuide's
+    cache of compiled steps in ``executables`` (``NUMPYRO_UHA_CACHE_DIR``), JAX's
+    persistent cache only where ``cache`` names one (then every program in it), and
+    ``tree``'s package and benchmarks first on the path where given."""
+    env = dict(os.environ, **extra)
     env["NUMPYRO_UHA_CACHE_DIR"] = executables
     if cache is None:  # no JAX persistent cache unless asked for (--persistent-cache)
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    if cache is not None:  # JAX's persistent compilation cache, every program in it
+    else:  # JAX's persistent compilation cache, every program in it
         env.update(
             JAX_COMPILATION_CACHE_DIR=cache,
             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
@@ -154,7 +164,7 @@ def time_init(
         )
     if tree is not None:  # the package and benchmarks of another checkout
         env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
-    return run_child(_CHILD, model, guide, *([device] if device else []), env=env, cwd=tree)
+    return env
 
 
 def main(argv=None):

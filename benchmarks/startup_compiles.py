@@ -21,10 +21,10 @@ Run: ``python -m benchmarks.startup_compiles [--model hierarchical_logistic]
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 
 from benchmarks.common import run_child, write_results
+from benchmarks.startup import child_env
 
 _CHILD = r"""
 import json, logging, re, sys, time, warnings
@@ -63,9 +63,7 @@ def _fresh(model, *guides, **env):
     """One fresh process's runs, with an empty cache of UHAGuide's compiled steps (as
     on a machine that never ran UHAGuide) and no JAX persistent cache."""
     with tempfile.TemporaryDirectory() as empty:
-        environ = dict(os.environ, NUMPYRO_UHA_CACHE_DIR=empty, **env)
-        environ.pop("JAX_COMPILATION_CACHE_DIR", None)
-        return run_child(_CHILD, model, *guides, env=environ)
+        return run_child(_CHILD, model, *guides, env=child_env(empty, **env))
 
 
 def main(argv=None):

@@ -392,8 +392,9 @@ class WeightSummary(NamedTuple):
 #: Where the device's k̂ (:func:`khat_values`, float32) is not used but k̂ refitted on
 #: the host in float64 (:func:`summary_khat` ``exact=False``): within this much of
 #: ``KHAT_BAD`` or of a boundary of k̂'s rounding to two decimals (the warnings print
-#: it so), times max(1, |k̂|). The device's k̂ differs from the host's by less than 1e-5
-#: on the weights of tests/test_weight_summary.py (a tenth of this, at most).
+#: it so), times max(1, |k̂|). On the weights of tests/test_weight_summary.py the
+#: device's k̂ differed from the host's by at most 8.4e-6 on a CPU and 1.4e-5 on an
+#: H200 (the test allows half of this).
 KHAT_DEVICE_MARGIN = 1e-4
 
 
@@ -419,7 +420,8 @@ def khat_values(largest, n):
     x = largest.astype(jnp.promote_types(largest.dtype, jnp.float32))
     size = x.shape[0]
     n = jnp.asarray(n, jnp.int32)
-    top = jnp.minimum(_tail_size_traced(n) + 1, n)  # _top_count(n)
+    wanted = _tail_size_traced(n) + 1  # the tail size, and the cutoff above it
+    top = jnp.minimum(wanted, n)  # _top_count(n)
     index = jnp.arange(size)
     low = x[jnp.clip(top - 1, 0, size - 1)]  # the cutoff: the top-th largest
     shifted = x - x[0]
@@ -450,7 +452,7 @@ def khat_values(largest, n):
     theta_hat = jnp.sum(jnp.where(valid, theta * weights, 0.0))
     k_hat = profile(theta_hat)
     k_hat = (tf * k_hat + 10 * 0.5) / (tf + 10)
-    selected = (top == _tail_size_traced(n) + 1) & (cutoff > -80.0) & (n <= 10**8)
+    selected = (top == wanted) & (cutoff > -80.0) & (n <= 10**8)
     fitted = (
         (quartile > 0) & jnp.all(jnp.where(valid, jnp.isfinite(len_scale), True))
         & jnp.isfinite(k_hat)
@@ -583,7 +585,7 @@ def summary_from_values(
 def summary_khat(summary, n, exact=True) -> float:
     """:func:`psis_khat` of ``n`` log weights (non-finite ones as -inf) from their
     :func:`weight_summary` (taken with ``khat=True``). With ``exact=False``, the k̂ the
-    device fitted with the summary (float32: within 1e-5 of the host's), except where
+    device fitted with the summary (float32: within 1.4e-5 of the host's), except where
     it lies within ``KHAT_DEVICE_MARGIN`` of ``KHAT_BAD`` or of a boundary of its
     rounding to two decimals, or where the device left the fit to the host: there the
     float64 fit on the host (0.2 ms), so a verdict or a printed k̂ is the exact one's."""

@@ -219,11 +219,11 @@ def quick_compiler_options(platform: str | None = None) -> dict | None:
     tiny): on CPU the lowest backend optimization (a third to a half of the compile time;
     the same run time for the warm start's small steps) and XLA's older loop emitters
     instead of its fusion emitters (``xla_cpu_use_fusion_emitters``: about half of what
-    compiling still costs at that level, measured on the test suite's programs). ``None``
-    on backends other than CPU and GPU. ``platform``: the backend the program runs on (default: JAX's
-    default backend). On a GPU, XLA's lowest backend optimization and no autotuning
-    (:data:`QUICK_GPU_OPTIONS`) where the environment variable
-    ``NUMPYRO_UHA_QUICK_GPU_OPTIONS`` is ``1`` (default :data:`QUICK_GPU_DEFAULT`)."""
+    compiling still costs at that level, measured on the test suite's programs). On a
+    GPU, XLA's lowest backend optimization and no autotuning (:data:`QUICK_GPU_OPTIONS`)
+    where the environment variable ``NUMPYRO_UHA_QUICK_GPU_OPTIONS`` is ``1`` (default
+    :data:`QUICK_GPU_DEFAULT`). ``None`` elsewhere. ``platform``: the backend the program
+    runs on (default: JAX's default backend)."""
     platform = jax.default_backend() if platform is None else platform
     if platform == "gpu" and os.environ.get(
         "NUMPYRO_UHA_QUICK_GPU_OPTIONS", QUICK_GPU_DEFAULT
